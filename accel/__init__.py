@@ -1,0 +1,80 @@
+"""accel: one Accelerator protocol for PyTorch training on CPU, CUDA, Gaudi and more.
+
+Example::
+
+    from accel import get_backend
+
+    backend = get_backend()          # explicit name > ACCEL > auto-detection
+    model.to(backend.device())
+    backend.mark_step()              # flushes Gaudi's lazy graph; a no-op elsewhere
+
+Importing accel loads no plugin, initialises no device and imports no vendor library.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._discovery import PluginFailure, Provider
+from ._errors import (
+    AccelError,
+    BackendConflictError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    DeviceIndexError,
+    PluginError,
+    PluginLoadError,
+    PluginLoadWarning,
+    ProtocolViolationError,
+)
+from ._hookspecs import hookimpl
+from ._protocol import Accelerator, Event, Stream, protocol_members
+from ._select import (
+    BackendInfo,
+    Selection,
+    get_backend,
+    list_backends,
+    plugin_failures,
+    reset_backends,
+    select_backend,
+)
+from ._spec import Availability, BackendSpec
+
+__all__ = [
+    "AccelError",
+    "Accelerator",
+    "Availability",
+    "BackendConflictError",
+    "BackendInfo",
+    "BackendNotFoundError",
+    "BackendSpec",
+    "BackendUnavailableError",
+    "DeviceIndexError",
+    "Event",
+    "PluginError",
+    "PluginFailure",
+    "PluginLoadError",
+    "PluginLoadWarning",
+    "ProtocolViolationError",
+    "Provider",
+    "Selection",
+    "Stream",
+    "get_backend",
+    "hookimpl",
+    "list_backends",
+    "plugin_failures",
+    "protocol_members",
+    "reset_backends",
+    "select_backend",
+]
+
+if TYPE_CHECKING:
+    __version__: str
+
+
+def __getattr__(name: str) -> str:
+    if name == "__version__":
+        from ._discovery import accel_version
+
+        return accel_version()
+    raise AttributeError(f"module 'accel' has no attribute {name!r}")

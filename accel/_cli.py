@@ -1,0 +1,110 @@
+"""``python -m accel``: show every backend, and which one ``get_backend()`` would pick."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from ._discovery import accel_version
+from ._errors import AccelError
+from ._select import BackendInfo, list_backends, plugin_failures, select_backend
+
+__all__ = ["main"]
+
+_REASON_TEXT = {
+    "explicit": "named explicitly",
+    "ACCEL": "from the ACCEL environment variable",
+    "auto": "auto-detected: the highest-priority available accelerator",
+    "fallback": "fallback: no accelerator was found",
+}
+_COLUMNS = ("backend", "provider", "version", "status", "devices", "priority")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m accel",
+        description="List accel backends and show which one get_backend() would pick.",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args(argv)
+    report = _report()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_table(report, sys.stdout)
+    return 0
+
+
+def _report() -> dict[str, Any]:
+    import torch
+
+    backends = list_backends()
+    try:
+        selection = select_backend()
+        selected: dict[str, str] | None = dataclasses.asdict(selection)
+        selection_error = None
+    except AccelError as exc:
+        selected, selection_error = None, str(exc)
+    return {
+        "accel_version": accel_version(),
+        "torch_version": torch.__version__,
+        "backends": [dataclasses.asdict(info) for info in backends],
+        "selected": selected,
+        "selection_error": selection_error,
+        "plugin_failures": [
+            {**dataclasses.asdict(failure.provider), "error": failure.error}
+            for failure in plugin_failures()
+        ],
+    }
+
+
+def _status(info: BackendInfo) -> str:
+    return "available" if info.available else "unavailable"
+
+
+def _row(info: dict[str, Any]) -> tuple[str, ...]:
+    record = BackendInfo(**info)
+    provider = record.provider
+    if provider != "built-in":
+        provider = f"{provider} ({record.plugin})"
+    return (
+        record.name,
+        provider,
+        record.version,
+        _status(record),
+        str(record.device_count),
+        str(record.priority),
+    )
+
+
+def _print_table(report: dict[str, Any], out: TextIO) -> None:
+    rows = [_COLUMNS, *(_row(info) for info in report["backends"])]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    out.write(f"accel {report['accel_version']} (torch {report['torch_version']})\n\n")
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        out.write("  ".join(cells).rstrip())
+        out.write("\n")
+    unavailable = [info for info in report["backends"] if not info["available"]]
+    if unavailable:
+        out.write("\nWhy not available:\n")
+        for info in unavailable:
+            out.write(f"  {info['name']}: {info['reason']}\n")
+    for failure in report["plugin_failures"]:
+        out.write(
+            f"\nBroken plugin skipped: {failure['plugin']} from {failure['distribution']} "
+            f"{failure['version']}: {failure['error']}\n"
+        )
+    selected = report["selected"]
+    if selected is not None:
+        out.write(
+            f"\nget_backend() would pick: {selected['name']} ({_REASON_TEXT[selected['reason']]})\n"
+        )
+    else:
+        out.write(f"\nget_backend() would fail: {report['selection_error']}\n")

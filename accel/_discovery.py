@@ -1,0 +1,214 @@
+"""Finding backends: built-in plugins plus entry points in the ``accel.backends`` group.
+
+Discovery imports plugin modules and calls their ``accel_backends`` hook; it never calls
+a backend's factory. One broken plugin is reported (a warning, or an error under
+``ACCEL_STRICT_PLUGINS=1``) and the others keep working. Only pluggy's public API is
+used; which distribution provided which plugin is tracked here, not read from pluggy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as metadata
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import pluggy
+
+from . import _env
+from ._errors import PluginLoadError, PluginLoadWarning
+from ._hookspecs import PROJECT_NAME, BackendHookSpecs
+from ._spec import BackendSpec
+
+__all__ = [
+    "BUILTIN_PLUGINS",
+    "ENTRY_POINT_GROUP",
+    "Catalog",
+    "CatalogEntry",
+    "PluginFailure",
+    "Provider",
+    "discover",
+]
+
+ENTRY_POINT_GROUP = "accel.backends"
+BUILTIN_PLUGINS = (
+    "backends.cpu",
+    "backends.cuda",
+    "backends.hpu",
+    "backends.mps",
+    "backends.recording",
+    "backends.xpu",
+)
+BUILTIN = "built-in"
+
+
+@dataclass(frozen=True)
+class Provider:
+    """Where a backend came from.
+
+    Attributes:
+        plugin: The entry point name (``name = module`` in the plugin's
+            ``pyproject.toml``), or the module of a built-in backend.
+        distribution: The installed distribution, or ``"built-in"``.
+        version: The distribution's version (accel's own for built-ins).
+    """
+
+    plugin: str
+    distribution: str
+    version: str
+
+    def describe(self) -> str:
+        """Return a phrase naming this provider for error messages."""
+        if self.distribution == BUILTIN:
+            return f"built-in module {self.plugin} (accel {self.version})"
+        return f"entry point {self.plugin!r} of distribution {self.distribution} {self.version}"
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded, kept for ``python -m accel`` to show."""
+
+    provider: Provider
+    error: str
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A backend name and every provider that offered it (more than one is a conflict)."""
+
+    spec: BackendSpec
+    providers: tuple[Provider, ...]
+
+    @property
+    def is_conflicted(self) -> bool:
+        """Whether two or more plugins provide this name."""
+        return len(self.providers) > 1
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Everything discovery found, by backend name."""
+
+    entries: Mapping[str, CatalogEntry]
+    failures: tuple[PluginFailure, ...]
+
+
+def accel_version() -> str:
+    """Return the installed accel version, or ``0+unknown`` when run from a bare checkout."""
+    try:
+        return metadata.version(PROJECT_NAME)
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def discover() -> Catalog:
+    """Load every plugin and collect the backends they provide."""
+    manager = pluggy.PluginManager(PROJECT_NAME)
+    manager.add_hookspecs(BackendHookSpecs)
+    providers: dict[str, Provider] = {}
+    failures: list[PluginFailure] = []
+
+    version = accel_version()
+    for module_name in BUILTIN_PLUGINS:
+        manager.register(importlib.import_module(module_name), name=module_name)
+        providers[module_name] = Provider(module_name, BUILTIN, version)
+
+    if not _env.flag("ACCEL_DISABLE_PLUGIN_AUTOLOAD"):
+        disabled = _env.name_list("ACCEL_DISABLED_PLUGINS")
+        for entry_point, provider in _iter_entry_points():
+            if provider.plugin in disabled or _registered_as(providers, provider):
+                continue
+            try:
+                _register_entry_point(manager, entry_point, provider)
+            except Exception as exc:
+                failures.append(_report_failure(provider, "could not be loaded", exc))
+                continue
+            providers[_plugin_key(provider)] = provider
+
+    entries: dict[str, CatalogEntry] = {}
+    for hook_impl in manager.hook.accel_backends.get_hookimpls():
+        provider = providers[hook_impl.plugin_name]
+        try:
+            specs = _checked_specs(hook_impl.function())
+        except Exception as exc:
+            failures.append(_report_failure(provider, "failed in its accel_backends hook", exc))
+            continue
+        for spec in specs:
+            _add_entry(entries, spec, provider)
+    return Catalog(entries=entries, failures=tuple(failures))
+
+
+def _iter_entry_points() -> Iterator[tuple[metadata.EntryPoint, Provider]]:
+    for entry_point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = entry_point.dist
+        provider = Provider(
+            plugin=entry_point.name,
+            distribution=dist.name if dist is not None else "an unknown distribution",
+            version=dist.version if dist is not None else "?",
+        )
+        yield entry_point, provider
+
+
+def _plugin_key(provider: Provider) -> str:
+    return f"{provider.distribution}:{provider.plugin}"
+
+
+def _registered_as(providers: Mapping[str, Provider], provider: Provider) -> bool:
+    # The same distribution can be visible twice (e.g. a lib64 -> lib symlink).
+    return _plugin_key(provider) in providers
+
+
+def _register_entry_point(
+    manager: pluggy.PluginManager, entry_point: metadata.EntryPoint, provider: Provider
+) -> None:
+    plugin = entry_point.load()
+    if manager.is_registered(plugin):
+        raise ValueError(
+            f"it points at {entry_point.value!r}, which another entry point already registered"
+        )
+    manager.register(plugin, name=_plugin_key(provider))
+    if not any(impl.plugin is plugin for impl in manager.hook.accel_backends.get_hookimpls()):
+        manager.unregister(plugin)
+        raise TypeError(
+            f"{entry_point.value!r} has no function named accel_backends marked with "
+            "@accel.hookimpl"
+        )
+
+
+def _checked_specs(result: object) -> list[BackendSpec]:
+    if not isinstance(result, Iterable) or isinstance(result, (str, bytes)):
+        raise TypeError(
+            f"accel_backends must return a list of accel.BackendSpec, got {type(result).__name__}"
+        )
+    specs = list(result)
+    for item in specs:
+        if not isinstance(item, BackendSpec):
+            raise TypeError(
+                "accel_backends must return a list of accel.BackendSpec, "
+                f"but one item is a {type(item).__name__}"
+            )
+    return specs
+
+
+def _add_entry(entries: dict[str, CatalogEntry], spec: BackendSpec, provider: Provider) -> None:
+    existing = entries.get(spec.name)
+    if existing is None:
+        entries[spec.name] = CatalogEntry(spec=spec, providers=(provider,))
+    else:
+        entries[spec.name] = CatalogEntry(
+            spec=existing.spec, providers=(*existing.providers, provider)
+        )
+
+
+def _report_failure(provider: Provider, what_failed: str, exc: Exception) -> PluginFailure:
+    error = f"{type(exc).__name__}: {exc}"
+    message = (
+        f"accel: backend plugin {provider.describe()} {what_failed} ({error}). "
+        "Its backends are skipped and the others keep working; fix or uninstall it, "
+        f"or set ACCEL_DISABLED_PLUGINS={provider.plugin} to skip it silently."
+    )
+    if _env.flag("ACCEL_STRICT_PLUGINS"):
+        raise PluginLoadError(message) from exc
+    warnings.warn(message, PluginLoadWarning, stacklevel=4)
+    return PluginFailure(provider=provider, error=error)

@@ -1,0 +1,70 @@
+"""Errors and warnings raised by accel.
+
+Every error accel raises derives from :class:`AccelError`, so ``except AccelError``
+catches all of them. Each also derives from the builtin that best describes it, so
+code that already catches ``LookupError`` or ``RuntimeError`` keeps working::
+
+    AccelError
+    ├── BackendNotFoundError       (also LookupError)   no backend has that name
+    ├── BackendUnavailableError    (also RuntimeError)  known, but unusable on this machine
+    ├── DeviceIndexError           (also ValueError)    a device index this backend does not have
+    └── PluginError                                     a backend plugin is broken
+        ├── PluginLoadError                             importing it or calling its hook failed
+        ├── BackendConflictError                        two plugins provide the same name
+        └── ProtocolViolationError (also TypeError)     its object lacks Accelerator members
+
+    UserWarning
+    └── PluginLoadWarning          a broken plugin was skipped (the others keep working)
+
+Messages are full sentences: the value received, what exists, and what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccelError",
+    "BackendConflictError",
+    "BackendNotFoundError",
+    "BackendUnavailableError",
+    "DeviceIndexError",
+    "PluginError",
+    "PluginLoadError",
+    "PluginLoadWarning",
+    "ProtocolViolationError",
+]
+
+
+class AccelError(Exception):
+    """Root of every error raised by accel."""
+
+
+class BackendNotFoundError(AccelError, LookupError):
+    """No installed backend has the requested name."""
+
+
+class BackendUnavailableError(AccelError, RuntimeError):
+    """The backend is known but cannot run here (missing software or no device)."""
+
+
+class DeviceIndexError(AccelError, ValueError):
+    """A device index outside what the backend offers in this process."""
+
+
+class PluginError(AccelError):
+    """A backend plugin is broken; the message names its entry point and distribution."""
+
+
+class PluginLoadError(PluginError):
+    """Importing a plugin's entry point or calling its ``accel_backends`` hook failed."""
+
+
+class BackendConflictError(PluginError):
+    """Two plugins provide a backend under the same name."""
+
+
+class ProtocolViolationError(PluginError, TypeError):
+    """A backend object does not provide every member of :class:`accel.Accelerator`."""
+
+
+class PluginLoadWarning(UserWarning):
+    """A broken plugin was skipped; set ``ACCEL_STRICT_PLUGINS=1`` to make it an error."""

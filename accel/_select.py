@@ -1,0 +1,306 @@
+"""Choosing a backend: explicit name, else ``ACCEL``, else auto-detection; cached."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+from . import _env
+from ._discovery import BUILTIN, Catalog, CatalogEntry, PluginFailure, discover
+from ._errors import (
+    BackendConflictError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ProtocolViolationError,
+)
+from ._protocol import Accelerator, iter_missing_members
+from ._spec import Availability
+
+__all__ = [
+    "BackendInfo",
+    "Selection",
+    "get_backend",
+    "list_backends",
+    "plugin_failures",
+    "reset_backends",
+    "select_backend",
+]
+
+_logger = logging.getLogger("accel")
+
+SelectionReason = Literal["explicit", "ACCEL", "auto", "fallback"]
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One row of :func:`list_backends`.
+
+    Attributes:
+        name: The name to select it with.
+        description: One line from its provider.
+        provider: The distribution that provides it, or ``"built-in"``.
+        version: That distribution's version (accel's own for built-ins).
+        plugin: The entry point name (the module for built-ins).
+        available: Whether it can run here.
+        reason: Why not, when ``available`` is false.
+        device_count: Devices this process can see.
+        priority: Its place in auto-detection (highest first; negative: never auto).
+    """
+
+    name: str
+    description: str
+    provider: str
+    version: str
+    plugin: str
+    available: bool
+    reason: str | None
+    device_count: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which backend :func:`get_backend` picks, and why.
+
+    Attributes:
+        name: The backend's name.
+        reason: ``explicit`` (a name was passed), ``ACCEL`` (the environment
+            variable), ``auto`` (the highest-priority available accelerator) or
+            ``fallback`` (no accelerator found, so ``cpu``).
+    """
+
+    name: str
+    reason: SelectionReason
+
+
+_lock = threading.RLock()
+_catalog: Catalog | None = None
+_instances: dict[str, Accelerator] = {}
+# Keyed by the raw (argument, ACCEL) pair so a cached call costs two dict lookups; a
+# later change of ACCEL is honoured because it changes the key.
+_resolved: dict[tuple[str | None, str | None], Accelerator] = {}
+
+
+def get_backend(name: str | None = None) -> Accelerator:
+    """Return the backend to run on, creating it on first use.
+
+    Args:
+        name: Backend name (trimmed, case-insensitive). ``None`` reads ``ACCEL``,
+            and when that is unset too, picks the highest-priority available
+            accelerator (hpu, then cuda, then other accelerators), else ``cpu``.
+
+    Returns:
+        The same instance for the same backend name, for the life of the process
+        (until :func:`reset_backends`).
+
+    Raises:
+        BackendNotFoundError: No backend has that name.
+        BackendUnavailableError: It exists but cannot run here.
+        BackendConflictError: Two plugins provide that name.
+        ProtocolViolationError: Its plugin returned an incomplete object.
+
+    Example::
+
+        from accel import get_backend
+
+        backend = get_backend()
+        model.to(backend.device())
+    """
+    key = (name, _env.selected_name())
+    cached = _resolved.get(key)
+    if cached is not None:
+        return cached
+    with _lock:
+        selection = select_backend(name)
+        backend = _instance(selection.name)
+        _resolved[key] = backend
+        return backend
+
+
+def select_backend(name: str | None = None) -> Selection:
+    """Return which backend :func:`get_backend` would use and why, without creating it.
+
+    Args:
+        name: As for :func:`get_backend`.
+
+    Raises:
+        The errors of :func:`get_backend`, except :class:`ProtocolViolationError`.
+    """
+    catalog = _loaded_catalog()
+    if name is not None:
+        return Selection(_checked_name(catalog, name, f"get_backend({name!r})"), "explicit")
+    env_value = _env.selected_name()
+    if env_value is not None:
+        return Selection(_checked_name(catalog, env_value, f"ACCEL={env_value!r}"), "ACCEL")
+    return _auto_detect(catalog)
+
+
+def list_backends() -> list[BackendInfo]:
+    """Return every known backend, sorted by auto-detection priority.
+
+    Availability is probed without initialising any device. A name offered by two
+    plugins appears once per provider, marked unavailable with the conflict as reason.
+    """
+    rows: list[BackendInfo] = []
+    for entry in _by_priority(_loaded_catalog()):
+        availability = _conflict_availability(entry) or _probe(entry)
+        for provider in entry.providers:
+            rows.append(
+                BackendInfo(
+                    name=entry.spec.name,
+                    description=entry.spec.description,
+                    provider=provider.distribution,
+                    version=provider.version,
+                    plugin=provider.plugin,
+                    available=availability.available,
+                    reason=availability.reason,
+                    device_count=availability.device_count,
+                    priority=entry.spec.priority,
+                )
+            )
+    return rows
+
+
+def plugin_failures() -> list[PluginFailure]:
+    """Return the plugins that failed to load (each was also reported as a warning)."""
+    return list(_loaded_catalog().failures)
+
+
+def reset_backends() -> None:
+    """Forget discovered plugins and created backends.
+
+    The next call discovers plugins again. For tests, and for a long-running process
+    that installed a plugin after its first :func:`get_backend`.
+    """
+    global _catalog
+    with _lock:
+        _catalog = None
+        _instances.clear()
+        _resolved.clear()
+
+
+def _loaded_catalog() -> Catalog:
+    global _catalog
+    with _lock:
+        if _catalog is None:
+            _catalog = discover()
+        return _catalog
+
+
+def _by_priority(catalog: Catalog) -> list[CatalogEntry]:
+    return sorted(catalog.entries.values(), key=lambda e: (-e.spec.priority, e.spec.name))
+
+
+def _known_names(catalog: Catalog) -> str:
+    return ", ".join(sorted(catalog.entries)) or "none"
+
+
+def _available_names(catalog: Catalog) -> str:
+    names = [
+        entry.spec.name
+        for entry in _by_priority(catalog)
+        if not entry.is_conflicted and _probe(entry).available
+    ]
+    return ", ".join(names) or "none"
+
+
+def _checked_name(catalog: Catalog, raw_name: str, source: str) -> str:
+    name = raw_name.strip().lower()
+    entry = catalog.entries.get(name)
+    if entry is None:
+        raise BackendNotFoundError(
+            f"{source} is not a known backend. Known backends: {_known_names(catalog)}. "
+            "Check the spelling, or pip-install the plugin that provides it; "
+            "run `python -m accel` to see every backend."
+        )
+    _raise_if_conflicted(entry)
+    availability = _probe(entry)
+    if not availability.available:
+        raise BackendUnavailableError(
+            f"{source} is not usable here: {availability.reason} "
+            f"Available: {_available_names(catalog)}. "
+            "Run `python -m accel` to see every backend."
+        )
+    return name
+
+
+def _auto_detect(catalog: Catalog) -> Selection:
+    for entry in _by_priority(catalog):
+        if entry.is_conflicted or entry.spec.priority < 0 or not _probe(entry).available:
+            continue
+        reason: SelectionReason = "auto" if entry.spec.priority > 0 else "fallback"
+        _logger.info("accel: selected backend %r (%s)", entry.spec.name, reason)
+        return Selection(entry.spec.name, reason)
+    raise BackendUnavailableError(
+        "No backend is usable here: auto-detection found no available backend, not even "
+        f"cpu. Known backends: {_known_names(catalog)}. Run `python -m accel` to see why "
+        "each is unavailable, then set ACCEL to one that is."
+    )
+
+
+def _raise_if_conflicted(entry: CatalogEntry) -> None:
+    conflict = _conflict_availability(entry)
+    if conflict is not None:
+        raise BackendConflictError(conflict.reason)
+
+
+def _conflict_availability(entry: CatalogEntry) -> Availability | None:
+    if not entry.is_conflicted:
+        return None
+    providers = " and ".join(p.describe() for p in entry.providers)
+    plugins = [p.plugin for p in entry.providers if p.distribution != BUILTIN]
+    return Availability.unavailable(
+        f"Backend {entry.spec.name!r} is provided twice: by {providers}. "
+        "Uninstall one of them, or skip one with "
+        f"ACCEL_DISABLED_PLUGINS={plugins[-1]}."
+    )
+
+
+def _probe(entry: CatalogEntry) -> Availability:
+    try:
+        result: object = entry.spec.probe()
+    except Exception as exc:
+        return Availability.unavailable(
+            f"its availability check raised {type(exc).__name__}: {exc}."
+        )
+    if not isinstance(result, Availability):
+        return Availability.unavailable(
+            f"its availability check returned {type(result).__name__}, not accel.Availability."
+        )
+    return result
+
+
+def _instance(name: str) -> Accelerator:
+    existing = _instances.get(name)
+    if existing is not None:
+        return existing
+    entry = _loaded_catalog().entries[name]
+    provider = entry.providers[0].describe()
+    try:
+        backend = entry.spec.factory()
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"Backend {name!r} from {provider} could not be created: "
+            f"{type(exc).__name__}: {exc}. Run `python -m accel` to check its status."
+        ) from exc
+    _check_protocol(name, provider, backend)
+    _instances[name] = backend
+    return backend
+
+
+def _check_protocol(name: str, provider: str, backend: object) -> None:
+    missing = list(iter_missing_members(backend))
+    if missing:
+        raise ProtocolViolationError(
+            f"Backend {name!r} from {provider} does not implement accel.Accelerator: "
+            f"its object ({type(backend).__name__}) lacks {', '.join(missing)}. "
+            "Add those members (see 'Writing a backend plugin' in the README), or "
+            "uninstall the plugin."
+        )
+    if backend.name != name:  # type: ignore[attr-defined]
+        raise ProtocolViolationError(
+            f"Backend {name!r} from {provider} reports its name as "
+            f"{backend.name!r}; Accelerator.name must equal the BackendSpec name."  # type: ignore[attr-defined]
+        )

@@ -1,0 +1,71 @@
+"""Records a plugin hands to accel: what a backend is called and how to make it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ._protocol import Accelerator
+
+__all__ = ["Availability", "BackendSpec"]
+
+_NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run here, as found without initialising a device.
+
+    Attributes:
+        available: ``True`` when :func:`accel.get_backend` would succeed for it.
+        reason: Why not, as a sentence, when ``available`` is false.
+        device_count: Devices this process can see (0 when unavailable).
+    """
+
+    available: bool
+    reason: str | None = None
+    device_count: int = 0
+
+    @classmethod
+    def unavailable(cls, reason: str) -> Availability:
+        """Return an :class:`Availability` saying the backend cannot run, and why."""
+        return cls(available=False, reason=reason, device_count=0)
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend a plugin provides through the ``accel_backends`` hook.
+
+    Attributes:
+        name: Lowercase identifier users select with ``ACCEL=<name>``.
+        factory: Builds the :class:`accel.Accelerator`. Called once, only when the
+            backend is selected; it may import vendor libraries.
+        probe: Says whether the backend can run here. Called by auto-detection and
+            ``python -m accel``; it must not initialise a device nor import a vendor
+            library that patches torch, and must not raise.
+        description: One line shown by ``python -m accel``.
+        priority: Auto-detection order, highest first. Accelerators use positive
+            values (built-ins: hpu 300, cuda 200, xpu 150, mps 100); ``cpu`` is 0 and
+            is the fallback. Backends that must only be chosen by name use a
+            negative value.
+    """
+
+    name: str
+    factory: Callable[[], Accelerator]
+    probe: Callable[[], Availability]
+    description: str = ""
+    priority: int = field(default=-1)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
+            raise ValueError(
+                f"Backend name {self.name!r} is invalid: names are lowercase letters, "
+                "digits and underscores, starting with a letter (for example 'my_npu')."
+            )
+        for attribute in ("factory", "probe"):
+            if not callable(getattr(self, attribute)):
+                raise TypeError(
+                    f"BackendSpec {self.name!r}: {attribute} must be callable, "
+                    f"got {type(getattr(self, attribute)).__name__}."
+                )

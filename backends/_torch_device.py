@@ -1,0 +1,142 @@
+"""A backend over one of torch's built-in device modules with the CUDA-style API.
+
+``torch.cuda`` and ``torch.xpu`` expose the same functions (streams, events, memory
+statistics, per-device generators), so one class serves both; the subclasses only name
+the module and the communication backend.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ._common import autocast_kwargs_for, checked_index, forked_rng
+
+__all__ = ["TorchDeviceBackend"]
+
+
+class TorchDeviceBackend:
+    """An asynchronous device with real streams, pinned host memory and memory stats."""
+
+    name: str
+    device_type: str
+    communication_backend: str
+    is_lazy = False
+    is_asynchronous = True
+    supports_streams = True
+    supports_pinned_memory = True
+    supports_memory_stats = True
+
+    def __init__(self, module: ModuleType) -> None:
+        self._module = module
+
+    @property
+    def Stream(self) -> Any:
+        """The device module's stream class."""
+        return self._module.Stream
+
+    @property
+    def Event(self) -> Any:
+        """The device module's event class."""
+        return self._module.Event
+
+    def device(self, index: int | None = None) -> torch.device:
+        """Return ``torch.device(type, index)``; ``None`` is the current device.
+
+        Does not initialise the device: before initialisation the current device is 0.
+        """
+        if index is None:
+            index = self._module.current_device() if self._module.is_initialized() else 0
+        else:
+            checked_index(self.name, index, self.device_count())
+        return torch.device(self.device_type, index)
+
+    def device_count(self) -> int:
+        """Return the visible device count (NVML/Sysman based, so fork-safe)."""
+        return int(self._module.device_count())
+
+    def current_device(self) -> int:
+        """Return the current device index (initialises the device)."""
+        return int(self._module.current_device())
+
+    def set_device(self, index: int) -> None:
+        """Make ``index`` current; :class:`accel.DeviceIndexError` if it is not visible."""
+        self._module.set_device(checked_index(self.name, index, self.device_count()))
+
+    def is_available(self) -> bool:
+        """Return whether a device is visible, counted without initialising one."""
+        return self.device_count() > 0
+
+    def synchronize(self) -> None:
+        """Wait for all work on the current device."""
+        self._module.synchronize()
+
+    def mark_step(self) -> None:
+        """Do nothing: this device runs eagerly."""
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the current device's generator."""
+        self._module.manual_seed(seed)
+
+    def get_rng_state(self) -> torch.Tensor:
+        """Return the current device's generator state."""
+        state: torch.Tensor = self._module.get_rng_state()
+        return state
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Restore the current device's generator state."""
+        self._module.set_rng_state(state)
+
+    def fork_rng(self, enabled: bool = True) -> AbstractContextManager[None]:
+        """Return a context that restores the CPU and current-device generators on exit."""
+        return forked_rng(enabled, self.get_rng_state, self.set_rng_state)
+
+    def autocast_kwargs(self) -> dict[str, Any]:
+        """Return the current autocast state of this device as ``torch.autocast`` keywords."""
+        return autocast_kwargs_for(self.device_type)
+
+    def current_stream(self) -> Any:
+        """Return the current stream of the current device."""
+        return self._module.current_stream()
+
+    def stream(self, stream: Any) -> AbstractContextManager[Any]:
+        """Return a context that queues work on ``stream``."""
+        context: AbstractContextManager[Any] = self._module.stream(stream)
+        return context
+
+    def memory_allocated(self) -> int:
+        """Return bytes held by tensors on the current device."""
+        return int(self._module.memory_allocated())
+
+    def max_memory_allocated(self) -> int:
+        """Return the peak of :meth:`memory_allocated` since the last reset."""
+        return int(self._module.max_memory_allocated())
+
+    def reset_peak_memory_stats(self) -> None:
+        """Start a new peak."""
+        self._module.reset_peak_memory_stats()
+
+    def empty_cache(self) -> None:
+        """Release cached blocks that no tensor uses."""
+        self._module.empty_cache()
+
+    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return ``tensor`` in page-locked memory (itself if already pinned)."""
+        return tensor if tensor.is_pinned() else tensor.pin_memory()
+
+    def is_bf16_supported(self) -> bool:
+        """Return whether the current device computes in bfloat16."""
+        return bool(self._module.is_bf16_supported())
+
+    def is_fp16_supported(self) -> bool:
+        """Return ``True``: every device of this kind computes in float16."""
+        return True
+
+    def prepare_distributed(self) -> None:
+        """Do nothing: the communication backend needs no preparation."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
