@@ -31,9 +31,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="List accel backends and show which one get_backend() would pick.",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    args = parser.parse_args(argv)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    conformance = commands.add_parser(
+        "conformance",
+        help="run the conformance suite against one backend",
+        description="Run accel's conformance suite (pytest) against one backend; extra "
+        "arguments go to pytest.",
+    )
+    conformance.add_argument("backend", help="backend name, as in ACCEL=<name>")
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "conformance":
+        return _run_conformance(args.backend, extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return _list(as_json=args.json)
+
+
+def _run_conformance(backend: str, pytest_args: Sequence[str]) -> int:
+    import pytest
+
+    arguments = ["-p", "accel.testing", "--pyargs", "accel.conformance", f"--accel={backend}"]
+    return int(pytest.main([*arguments, *pytest_args]))
+
+
+def _list(*, as_json: bool) -> int:
     report = _report()
-    if args.json:
+    if as_json:
         json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

@@ -250,11 +250,11 @@ def _conflict_availability(entry: CatalogEntry) -> Availability | None:
     if not entry.is_conflicted:
         return None
     providers = " and ".join(p.describe() for p in entry.providers)
-    plugins = [p.plugin for p in entry.providers if p.distribution != BUILTIN]
+    plugins = sorted(p.plugin for p in entry.providers if p.distribution != BUILTIN)
     return Availability.unavailable(
         f"Backend {entry.spec.name!r} is provided twice: by {providers}. "
-        "Uninstall one of them, or skip one with "
-        f"ACCEL_DISABLED_PLUGINS={plugins[-1]}."
+        "Uninstall one of them, or skip one by setting ACCEL_DISABLED_PLUGINS to "
+        f"one of: {', '.join(plugins)}."
     )
 
 

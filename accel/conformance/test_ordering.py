@@ -1,0 +1,58 @@
+"""mark_step, synchronize, dtypes and the distributed backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accel import Accelerator
+from accel.conformance import rule
+
+
+def test_mark_step_any_time(accel_backend: Accelerator) -> None:
+    accel_backend.mark_step()
+    with torch.no_grad():
+        accel_backend.mark_step()
+    leaf = torch.ones(3, requires_grad=True)
+    calls: list[bool] = []
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        accel_backend.mark_step()
+        calls.append(True)
+        return grad
+
+    leaf.register_hook(hook)
+    (leaf * 2).sum().backward()
+    assert calls and leaf.grad is not None and torch.equal(leaf.grad, torch.full((3,), 2.0)), rule(
+        "mark-step", "mark_step() inside backward disturbed the gradient"
+    )
+    accel_backend.synchronize()
+
+
+def test_communication_backend(accel_backend: Accelerator) -> None:
+    accel_backend.prepare_distributed()
+    accel_backend.prepare_distributed()
+    name = accel_backend.communication_backend
+    known = {str(item).lower() for item in dist.Backend.backend_list}
+    assert name in known, rule(
+        "distributed",
+        f"communication_backend {name!r} is not registered with torch.distributed after "
+        f"prepare_distributed(); registered: {sorted(known)}",
+    )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "query"),
+    [(torch.bfloat16, "is_bf16_supported"), (torch.float16, "is_fp16_supported")],
+)
+def test_dtype_support_holds(accel_backend: Accelerator, dtype: torch.dtype, query: str) -> None:
+    supported = getattr(accel_backend, query)()
+    assert isinstance(supported, bool), rule("dtypes", f"{query}() returned {supported!r}")
+    if not supported:
+        pytest.skip(f"{query}() is False.")
+    try:
+        a = torch.ones(4, 4, dtype=dtype, device=accel_backend.device())
+    except (RuntimeError, NotImplementedError) as exc:
+        pytest.skip(f"cannot allocate tensors on {accel_backend.device()}: {exc}")
+    assert float((a @ a).sum().cpu()) == 64.0, rule("dtypes", f"{dtype} matmul is wrong")

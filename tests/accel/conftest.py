@@ -1,0 +1,37 @@
+"""Fixtures for the core tests: fake installed plugin distributions."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import accel
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _forget_fake_modules() -> None:
+    for name in [n for n in sys.modules if n.startswith("accel_fake")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def plugin_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Install (on sys.path) accel-fake-plugins 1.0 and its six entry points."""
+    path = DATA / "plugins_site"
+    monkeypatch.syspath_prepend(str(path))
+    accel.reset_backends()
+    yield path
+    _forget_fake_modules()
+
+
+@pytest.fixture
+def conflict_site(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Also install accel-fake-dupe 2.0, a second provider of ``fakeok``."""
+    path = DATA / "conflict_site"
+    monkeypatch.syspath_prepend(str(path))
+    accel.reset_backends()
+    return path

@@ -1,0 +1,70 @@
+"""Fixtures shared by the whole test suite."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import accel
+
+_DOUBLES_DIR = Path(__file__).resolve().parent / "doubles"
+
+
+def _load_habana_double() -> ModuleType:
+    """Import tests/doubles/habana_double.py without putting tests/doubles on sys.path.
+
+    Leaving tests/doubles on sys.path would make the habana_frameworks double
+    importable in every test. When the module was already loaded as a plugin
+    (``-p habana_double``), that module is reused.
+    """
+    loaded = sys.modules.get("habana_double")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location(
+        "habana_double", _DOUBLES_DIR / "habana_double.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["habana_double"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+habana_double_helpers = _load_habana_double()
+
+_ENV_VARIABLES = (
+    "ACCEL",
+    "ACCEL_STRICT_PLUGINS",
+    "ACCEL_DISABLE_PLUGIN_AUTOLOAD",
+    "ACCEL_DISABLED_PLUGINS",
+    "PT_HPU_LAZY_MODE",
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean_accel_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run every test without ACCEL* variables and with no cached backends."""
+    for variable in _ENV_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+    accel.reset_backends()
+    yield
+    accel.reset_backends()
+
+
+@pytest.fixture
+def habana_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[ModuleType]:
+    """Activate the habana_frameworks double; yield its recorder (``habana_frameworks._double``).
+
+    One fake Gaudi device node exists, so ``get_backend("hpu")`` works. Everything is
+    undone after the test.
+    """
+    activation = habana_double_helpers.activate(monkeypatch, tmp_path / "dev")
+    try:
+        yield activation.recorder
+    finally:
+        habana_double_helpers.deactivate(activation)

@@ -1,0 +1,1 @@
+"""Fake backend plugins used by accel's discovery and conformance tests."""
