@@ -12,10 +12,26 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ACCEL", "flag", "name_list", "selected_name"]
+__all__ = ["ACCEL", "flag", "name_list", "raw_selected_name", "selected_name"]
 
 ACCEL = "ACCEL"
 _TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+
+# os.environ.get() of an unset variable raises and catches KeyError inside
+# Mapping.get (~0.7 us); the cached get_backend() path reads ACCEL on every call, so on
+# CPython/POSIX it looks the variable up in the dict behind os.environ, which every
+# os.environ write keeps current.
+_POSIX_ENV_DATA: dict[bytes, bytes] | None = (
+    getattr(os.environ, "_data", None) if os.name == "posix" else None
+)
+_ACCEL_BYTES = os.fsencode(ACCEL)
+
+
+def raw_selected_name() -> str | bytes | None:
+    """Return the raw ``ACCEL`` value as cheaply as possible (a cache key, not a name)."""
+    if _POSIX_ENV_DATA is not None:
+        return _POSIX_ENV_DATA.get(_ACCEL_BYTES)
+    return os.environ.get(ACCEL)
 
 
 def flag(variable: str) -> bool:

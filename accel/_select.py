@@ -78,9 +78,10 @@ class Selection:
 _lock = threading.RLock()
 _catalog: Catalog | None = None
 _instances: dict[str, Accelerator] = {}
-# Keyed by the raw (argument, ACCEL) pair so a cached call costs two dict lookups; a
-# later change of ACCEL is honoured because it changes the key.
-_resolved: dict[tuple[str | None, str | None], Accelerator] = {}
+# Explicit names are cached by name; name=None by the raw ACCEL value, so a later change
+# of ACCEL is honoured (it changes the key) while a cached call stays a dict lookup.
+_by_name: dict[str, Accelerator] = {}
+_by_environment: dict[str | bytes | None, Accelerator] = {}
 
 
 def get_backend(name: str | None = None) -> Accelerator:
@@ -108,15 +109,21 @@ def get_backend(name: str | None = None) -> Accelerator:
         backend = get_backend()
         model.to(backend.device())
     """
-    key = (name, _env.selected_name())
-    cached = _resolved.get(key)
-    if cached is not None:
+    if name is not None:
+        cached = _by_name.get(name)
+        if cached is None:
+            cached = _by_name[name] = _resolve(name)
         return cached
+    raw_accel = _env.raw_selected_name()
+    cached = _by_environment.get(raw_accel)
+    if cached is None:
+        cached = _by_environment[raw_accel] = _resolve(None)
+    return cached
+
+
+def _resolve(name: str | None) -> Accelerator:
     with _lock:
-        selection = select_backend(name)
-        backend = _instance(selection.name)
-        _resolved[key] = backend
-        return backend
+        return _instance(select_backend(name).name)
 
 
 def select_backend(name: str | None = None) -> Selection:
@@ -178,7 +185,8 @@ def reset_backends() -> None:
     with _lock:
         _catalog = None
         _instances.clear()
-        _resolved.clear()
+        _by_name.clear()
+        _by_environment.clear()
 
 
 def _loaded_catalog() -> Catalog:

@@ -12,6 +12,8 @@ import pytest
 
 import accel
 
+pytest_plugins = ["pytester"]
+
 _DOUBLES_DIR = Path(__file__).resolve().parent / "doubles"
 
 

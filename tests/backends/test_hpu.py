@@ -235,6 +235,7 @@ def test_prepare_distributed_imports_hccl_once(habana_double: ModuleType) -> Non
 
     assert "habana_frameworks.torch.distributed.hccl" in sys.modules
     assert habana_double.call_names().count("hccl.import") == 1
+    assert "hccl" in torch.distributed.Backend.backend_list
 
 
 # Devices ------------------------------------------------------------------------------
@@ -389,14 +390,53 @@ def test_fp16_unsupported_when_the_bridge_cannot_tell(
 # No process-wide side effects ---------------------------------------------------------
 
 
+class _WriteRecordingEnviron(dict[str, str]):
+    """Stands in for os.environ and records every write, even one that changes nothing."""
+
+    def __init__(self, initial: dict[str, str]) -> None:
+        super().__init__(initial)
+        self.writes: list[str] = []
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.writes.append(f"set {key}")
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.writes.append(f"del {key}")
+        super().__delitem__(key)
+
+    def setdefault(self, key: str, default: str = "") -> str:  # type: ignore[override]
+        self.writes.append(f"setdefault {key}")
+        return super().setdefault(key, default)
+
+    def update(self, *args: object, **kwargs: str) -> None:  # type: ignore[override]
+        self.writes.append("update")
+        super().update(*args, **kwargs)  # type: ignore[arg-type]
+
+    def pop(self, key: str, *default: str) -> str:  # type: ignore[override]
+        self.writes.append(f"pop {key}")
+        return super().pop(key, *default)
+
+    def clear(self) -> None:
+        self.writes.append("clear")
+        super().clear()
+
+
 @pytest.mark.parametrize("deterministic", [False, True])
-def test_constructing_the_backend_changes_no_process_setting(
-    habana_double: ModuleType, deterministic: bool
+def test_using_the_backend_changes_no_process_setting(
+    habana_double: ModuleType, monkeypatch: pytest.MonkeyPatch, deterministic: bool
 ) -> None:
     previous = torch.are_deterministic_algorithms_enabled()
+    # Before os.environ is replaced: its first call imports torch._inductor, which writes
+    # TORCHINDUCTOR_CACHE_DIR.
     torch.use_deterministic_algorithms(deterministic)
     try:
-        environ_before = dict(os.environ)
+        environ = _WriteRecordingEnviron(dict(os.environ))
+        monkeypatch.setattr(os, "environ", environ)
+        putenv_calls: list[tuple[str, ...]] = []
+        monkeypatch.setattr(os, "putenv", lambda *args: putenv_calls.append(args))
+        monkeypatch.setattr(os, "unsetenv", lambda *args: putenv_calls.append(args))
+        environ_before = dict(environ)
         dtype_before = torch.get_default_dtype()
 
         backend = _hpu()
@@ -404,7 +444,9 @@ def test_constructing_the_backend_changes_no_process_setting(
         backend.prepare_distributed()
 
         assert torch.are_deterministic_algorithms_enabled() is deterministic
-        assert dict(os.environ) == environ_before
+        assert dict(environ) == environ_before
+        assert environ.writes == []
+        assert putenv_calls == []
         assert torch.get_default_dtype() == dtype_before
     finally:
         torch.use_deterministic_algorithms(previous)

@@ -1,0 +1,50 @@
+"""Shared output for benchmark scripts: a printed table and a JSON file in results/."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    """Describe the machine and software the figures were taken on."""
+    import torch
+
+    import accel
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "accel": accel.__version__,
+    }
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print rows under headers in aligned columns."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for index, row in enumerate(cells):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+        if index == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def write_results(name: str, backend: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` plus machine facts and the date to results/<name>-<backend>-<date>.json."""
+    now = dt.datetime.now(dt.timezone.utc)
+    document = {"benchmark": name, "backend": backend, "date": now.isoformat(), **payload}
+    document["machine"] = machine()
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{backend}-{now:%Y%m%d}.json"
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path

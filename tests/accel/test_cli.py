@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from accel._cli import main
+
+
+def _run(*args: str, env_accel: str | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL")}
+    if env_accel is not None:
+        env["ACCEL"] = env_accel
+    return subprocess.run(
+        [sys.executable, "-m", "accel", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_table_lists_every_backend_and_the_pick() -> None:
+    result = _run()
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("backend"))
+    assert header.split() == ["backend", "provider", "version", "status", "devices", "priority"]
+    for name in ("hpu", "cuda", "xpu", "mps", "cpu", "recording"):
+        assert any(line.split()[:1] == [name] for line in lines), name
+    assert "Why not available:" in result.stdout
+    assert "get_backend() would pick: " in result.stdout
+
+
+def test_json_matches_the_table() -> None:
+    report = json.loads(_run("--json").stdout)
+    assert {"accel_version", "torch_version", "backends", "selected", "plugin_failures"} <= set(
+        report
+    )
+    names = [row["name"] for row in report["backends"]]
+    assert names.index("hpu") < names.index("cuda") < names.index("cpu")
+    cpu = next(row for row in report["backends"] if row["name"] == "cpu")
+    assert cpu == {
+        **cpu,
+        "provider": "built-in",
+        "available": True,
+        "reason": None,
+        "device_count": 1,
+    }
+    assert report["selected"]["reason"] in {"auto", "fallback"}
+
+
+def test_accel_variable_is_reported_as_the_reason() -> None:
+    report = json.loads(_run("--json", env_accel="recording").stdout)
+    assert report["selected"] == {"name": "recording", "reason": "ACCEL"}
+    assert "from the ACCEL environment variable" in _run(env_accel="recording").stdout
+
+
+def test_bad_accel_is_shown_and_exit_is_zero() -> None:
+    result = _run(env_accel="bogus")
+    assert result.returncode == 0
+    assert "get_backend() would fail: ACCEL='bogus' is not a known backend." in result.stdout
+    report = json.loads(_run("--json", env_accel="bogus").stdout)
+    assert report["selected"] is None and "bogus" in report["selection_error"]
+
+
+def test_unknown_arguments_are_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--frobnicate"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --frobnicate" in capsys.readouterr().err
+
+
+def test_console_script_is_installed() -> None:
+    import shutil
+
+    script = shutil.which("accel")
+    assert script is not None
+    result = subprocess.run([script, "--json"], capture_output=True, text=True, timeout=120)
+    assert json.loads(result.stdout)["backends"]
