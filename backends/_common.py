@@ -8,9 +8,15 @@ from typing import Any
 
 import torch
 
-from accel import DeviceIndexError
+from accel import Availability, DeviceIndexError
 
-__all__ = ["autocast_kwargs_for", "checked_index", "forked_rng"]
+__all__ = [
+    "autocast_kwargs_for",
+    "checked_index",
+    "forked_rng",
+    "one_host_device",
+    "visible_devices",
+]
 
 
 def autocast_kwargs_for(device_type: str, *, cache_supported: bool = True) -> dict[str, Any]:
@@ -59,3 +65,33 @@ def checked_index(backend_name: str, index: int, device_count: int) -> int:
             "check the visible-devices environment variable."
         )
     return index
+
+
+def one_host_device() -> Availability:
+    """Probe for backends that run on the host: always available, one device."""
+    return Availability(available=True, device_count=1)
+
+
+def visible_devices(
+    kind: str, *, compiled: bool, count: Callable[[], int], count_call: str, hint: str
+) -> Availability:
+    """Probe a torch device module without initialising it.
+
+    Args:
+        kind: The device family as users say it (``"CUDA"``).
+        compiled: Whether this torch build supports the family at all.
+        count: Returns the visible device count without initialising a device.
+        count_call: How ``count`` reads in a message (``"torch.cuda.device_count()"``).
+        hint: What to check when none is visible.
+    """
+    if not compiled:
+        return Availability.unavailable(
+            f"no {kind} device is visible: this torch build ({torch.__version__}) has no "
+            f"{kind} support; install a {kind} build of torch."
+        )
+    found = count()
+    if found <= 0:
+        return Availability.unavailable(
+            f"no {kind} device is visible ({count_call} is {found}); {hint}"
+        )
+    return Availability(available=True, device_count=found)

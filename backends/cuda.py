@@ -12,6 +12,7 @@ import torch
 
 from accel import Availability, BackendSpec, hookimpl
 
+from ._common import visible_devices
 from ._torch_device import TorchDeviceBackend
 
 __all__ = ["CudaBackend", "accel_backends"]
@@ -29,18 +30,13 @@ class CudaBackend(TorchDeviceBackend):
 
 
 def _probe() -> Availability:
-    if torch.version.cuda is None and torch.version.hip is None:
-        return Availability.unavailable(
-            f"no CUDA device is visible: this torch build ({torch.__version__}) has no CUDA "
-            "support; install a CUDA build of torch."
-        )
-    count = torch.cuda.device_count()
-    if count <= 0:
-        return Availability.unavailable(
-            "no CUDA device is visible (torch.cuda.device_count() is 0); check the NVIDIA "
-            "driver with nvidia-smi and the CUDA_VISIBLE_DEVICES variable."
-        )
-    return Availability(available=True, device_count=count)
+    return visible_devices(
+        "CUDA",
+        compiled=torch.version.cuda is not None or torch.version.hip is not None,
+        count=torch.cuda.device_count,
+        count_call="torch.cuda.device_count()",
+        hint="check the NVIDIA driver with nvidia-smi and the CUDA_VISIBLE_DEVICES variable.",
+    )
 
 
 @hookimpl

@@ -18,7 +18,6 @@ import importlib
 import importlib.util
 import os
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any
 
@@ -26,7 +25,8 @@ import torch
 
 from accel import Availability, BackendSpec, DeviceIndexError, hookimpl
 
-from ._common import autocast_kwargs_for, forked_rng
+from ._common import autocast_kwargs_for
+from ._torch_device import TorchDeviceBackend
 
 __all__ = ["HpuBackend", "accel_backends"]
 
@@ -59,47 +59,34 @@ def _optional_module(name: str) -> ModuleType | None:
         return None
 
 
-class HpuBackend:
-    """Intel Gaudi; ``hccl`` for communication; lazy or eager as the bridge runs."""
+class HpuBackend(TorchDeviceBackend):
+    """Intel Gaudi; ``hccl`` for communication; lazy or eager as the bridge runs.
+
+    Streams, events, memory statistics and pinning come from
+    ``habana_frameworks.torch.hpu``, whose API matches ``torch.cuda``'s; the members
+    below are where Gaudi differs.
+    """
 
     name = "hpu"
     device_type = "hpu"
-    is_asynchronous = True
-    supports_streams = True
-    supports_pinned_memory = True
-    supports_memory_stats = True
     communication_backend = "hccl"
 
     def __init__(self) -> None:
         self._core = importlib.import_module("habana_frameworks.torch.core")
-        self._hpu = importlib.import_module("habana_frameworks.torch.hpu")
         self._random = importlib.import_module("habana_frameworks.torch.hpu.random")
         self._experimental = _optional_module("habana_frameworks.torch.utils.experimental")
         self._is_lazy = _lazy_mode(_optional_module("habana_frameworks.torch.utils.internal"))
+        super().__init__(importlib.import_module("habana_frameworks.torch.hpu"))
 
     @property
-    def is_lazy(self) -> bool:
+    def is_lazy(self) -> bool:  # type: ignore[override]
         """Whether the bridge runs in lazy mode (``PT_HPU_LAZY_MODE``), read once."""
         return self._is_lazy
-
-    @property
-    def Stream(self) -> Any:
-        """``habana_frameworks.torch.hpu.Stream``."""
-        return self._hpu.Stream
-
-    @property
-    def Event(self) -> Any:
-        """``habana_frameworks.torch.hpu.Event``."""
-        return self._hpu.Event
 
     def device(self, index: int | None = None) -> torch.device:
         """Return ``torch.device("hpu", 0)``; any index but 0 raises."""
         self._check_index(0 if index is None else index)
         return torch.device("hpu", 0)
-
-    def device_count(self) -> int:
-        """Return the number of Gaudi cards the bridge sees."""
-        return int(self._hpu.device_count())
 
     def current_device(self) -> int:
         """Return 0: the one device of this process."""
@@ -111,11 +98,7 @@ class HpuBackend:
 
     def is_available(self) -> bool:
         """Return ``habana_frameworks.torch.hpu.is_available()`` (it never raises)."""
-        return bool(self._hpu.is_available())
-
-    def synchronize(self) -> None:
-        """Wait for all work queued on the device."""
-        self._hpu.synchronize()
+        return bool(self._module.is_available())
 
     def mark_step(self) -> None:
         """Flush the lazy graph with ``habana_frameworks.torch.core.mark_step()``.
@@ -138,41 +121,12 @@ class HpuBackend:
         """Restore the HPU generator state on device 0."""
         self._random.set_rng_state(state, 0)
 
-    def fork_rng(self, enabled: bool = True) -> AbstractContextManager[None]:
-        """Return a context that restores the CPU and HPU generators on exit."""
-        return forked_rng(enabled, self.get_rng_state, self.set_rng_state)
-
     def autocast_kwargs(self) -> dict[str, Any]:
         """Return HPU autocast keywords; no ``cache_enabled``, which Gaudi does not support."""
         return autocast_kwargs_for(self.device_type, cache_supported=False)
 
-    def current_stream(self) -> Any:
-        """Return the current HPU stream."""
-        return self._hpu.current_stream()
-
-    def stream(self, stream: Any) -> AbstractContextManager[Any]:
-        """Return a context that queues work on ``stream``."""
-        context: AbstractContextManager[Any] = self._hpu.stream(stream)
-        return context
-
-    def memory_allocated(self) -> int:
-        """Return bytes held by tensors on the device."""
-        return int(self._hpu.memory_allocated())
-
-    def max_memory_allocated(self) -> int:
-        """Return the peak of :meth:`memory_allocated` since the last reset."""
-        return int(self._hpu.max_memory_allocated())
-
-    def reset_peak_memory_stats(self) -> None:
-        """Start a new peak."""
-        self._hpu.reset_peak_memory_stats()
-
     def empty_cache(self) -> None:
         """Do nothing: the bridge reserves device memory per process and has no cache to free."""
-
-    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Return ``tensor`` in page-locked host memory (itself if already pinned)."""
-        return tensor if tensor.is_pinned() else tensor.pin_memory()
 
     def is_bf16_supported(self) -> bool:
         """Return ``True``: every Gaudi generation computes in bfloat16."""

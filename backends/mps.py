@@ -7,43 +7,27 @@ objects the CPU uses; torch offers no peak-memory statistics for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import Any
 
 import torch
 
 from accel import Availability, BackendSpec, hookimpl
 
-from ._common import autocast_kwargs_for, checked_index, forked_rng
-from ._null import WithoutDeviceMemory, WithoutStreams
+from ._single import SingleDeviceBackend
 
 __all__ = ["MpsBackend", "accel_backends"]
 
 
-class MpsBackend(WithoutStreams, WithoutDeviceMemory):
+class MpsBackend(SingleDeviceBackend):
     """Apple-silicon GPU; one device, no concurrent streams, ``gloo`` for communication."""
 
     name = "mps"
     device_type = "mps"
-    is_lazy = False
+    the_device = torch.device("mps", 0)
     is_asynchronous = True
-    communication_backend = "gloo"
-
-    def device(self, index: int | None = None) -> torch.device:
-        """Return ``torch.device("mps", 0)``; only index 0 is valid."""
-        return torch.device("mps", 0 if index is None else checked_index(self.name, index, 1))
 
     def device_count(self) -> int:
         """Return 1 where MPS is available, else 0."""
-        return 1 if torch.backends.mps.is_available() else 0
-
-    def current_device(self) -> int:
-        """Return 0."""
-        return 0
-
-    def set_device(self, index: int) -> None:
-        """Accept index 0 only."""
-        checked_index(self.name, index, 1)
+        return 1 if self.is_available() else 0
 
     def is_available(self) -> bool:
         """Return whether the Metal device is usable."""
@@ -52,9 +36,6 @@ class MpsBackend(WithoutStreams, WithoutDeviceMemory):
     def synchronize(self) -> None:
         """Wait for all queued Metal work."""
         torch.mps.synchronize()
-
-    def mark_step(self) -> None:
-        """Do nothing: MPS runs eagerly."""
 
     def manual_seed(self, seed: int) -> None:
         """Seed the MPS generator."""
@@ -68,31 +49,9 @@ class MpsBackend(WithoutStreams, WithoutDeviceMemory):
         """Restore the MPS generator state."""
         torch.mps.set_rng_state(state)
 
-    def fork_rng(self, enabled: bool = True) -> AbstractContextManager[None]:
-        """Return a context that restores the CPU and MPS generators on exit."""
-        return forked_rng(enabled, self.get_rng_state, self.set_rng_state)
-
-    def autocast_kwargs(self) -> dict[str, Any]:
-        """Return the current MPS autocast state as ``torch.autocast`` keywords."""
-        return autocast_kwargs_for(self.device_type)
-
     def empty_cache(self) -> None:
         """Release cached Metal buffers."""
         torch.mps.empty_cache()
-
-    def is_bf16_supported(self) -> bool:
-        """Return ``True``: torch supports bfloat16 on MPS since macOS 14."""
-        return True
-
-    def is_fp16_supported(self) -> bool:
-        """Return ``True``."""
-        return True
-
-    def prepare_distributed(self) -> None:
-        """Do nothing."""
-
-    def __repr__(self) -> str:
-        return "MpsBackend(name='mps')"
 
 
 def _probe() -> Availability:

@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from accel import Accelerator, Availability, BackendSpec, hookimpl, protocol_members
+from accel import Accelerator, BackendSpec, hookimpl, protocol_members
 
+from ._common import one_host_device
 from .cpu import CpuBackend
 
 __all__ = ["Call", "RecordingBackend", "accel_backends"]
@@ -129,10 +130,6 @@ class RecordingBackend:
         return f"RecordingBackend(inner={self._inner!r}, calls={len(self.calls)})"
 
 
-def _probe() -> Availability:
-    return Availability(available=True, device_count=1)
-
-
 @hookimpl
 def accel_backends() -> Sequence[BackendSpec]:
     """Provide the ``recording`` backend (never auto-detected)."""
@@ -140,7 +137,7 @@ def accel_backends() -> Sequence[BackendSpec]:
         BackendSpec(
             name="recording",
             factory=RecordingBackend,
-            probe=_probe,
+            probe=one_host_device,
             description="CPU backend that records every protocol call (for tests).",
             priority=-100,
         )

@@ -8,6 +8,7 @@ import torch
 
 from accel import Availability, BackendSpec, hookimpl
 
+from ._common import visible_devices
 from ._torch_device import TorchDeviceBackend
 
 __all__ = ["XpuBackend", "accel_backends"]
@@ -25,18 +26,13 @@ class XpuBackend(TorchDeviceBackend):
 
 
 def _probe() -> Availability:
-    if not torch.xpu._is_compiled():
-        return Availability.unavailable(
-            f"no XPU device is visible: this torch build ({torch.__version__}) has no XPU "
-            "support; install an XPU build of torch."
-        )
-    count = torch.xpu.device_count()
-    if count <= 0:
-        return Availability.unavailable(
-            "no XPU device is visible (torch.xpu.device_count() is 0); check the Intel GPU "
-            "driver and ZE_AFFINITY_MASK."
-        )
-    return Availability(available=True, device_count=count)
+    return visible_devices(
+        "XPU",
+        compiled=torch.xpu._is_compiled(),
+        count=torch.xpu.device_count,
+        count_call="torch.xpu.device_count()",
+        hint="check the Intel GPU driver and ZE_AFFINITY_MASK.",
+    )
 
 
 @hookimpl

@@ -1,0 +1,135 @@
+"""Keeping a checkpoint's inputs in host memory between forward and backward.
+
+A checkpoint keeps only its inputs alive until backward; with ``offload_to_cpu`` those
+inputs move to host memory as well. The copy to the host goes to page-locked memory
+(``backend.pin_memory``) on a side stream (``backend.Stream()``) where the backend
+has them, so it overlaps with the checkpointed function's own work, and is ordered
+with events:
+
+* forward: the side stream waits for the current stream (the input must be complete),
+  copies, and records an event; after the function ran, the current stream waits for
+  that event before the device input is released, so the allocator cannot hand its
+  memory to new work while the copy still reads it;
+* backward: a device tensor is allocated on the current stream, the side stream waits
+  for the current stream, copies back, and the current stream waits for the copy.
+
+Tensors already in host memory are kept as they are: on a host backend offloading
+copies nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accel import Accelerator
+
+__all__ = ["HostCopy", "restore", "stash", "wait_for_copies"]
+
+
+@dataclass
+class HostCopy:
+    """A device tensor's values, kept in host memory until backward.
+
+    Attributes:
+        host: The host tensor holding the values (pinned where supported).
+        device: The device to restore to.
+        requires_grad: The original tensor's ``requires_grad``.
+        copied: An event that completes when ``host`` holds the values, or ``None``
+            where the copy ran on the current stream.
+    """
+
+    host: torch.Tensor
+    device: torch.device
+    requires_grad: bool
+    copied: Any = None
+
+
+_streams_lock = threading.Lock()
+_side_streams: dict[tuple[int, int], tuple[Accelerator, Any]] = {}
+
+
+def _side_stream(backend: Accelerator) -> Any:
+    """Return this backend's copy stream for the current device, creating it once."""
+    key = (id(backend), backend.current_device())
+    with _streams_lock:
+        entry = _side_streams.get(key)
+        if entry is None or entry[0] is not backend:
+            entry = (backend, backend.Stream())
+            _side_streams[key] = entry
+        return entry[1]
+
+
+def _on_host(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu"
+
+
+def stash(tensor: torch.Tensor, backend: Accelerator) -> torch.Tensor | HostCopy:
+    """Start copying ``tensor`` to host memory; return it unchanged if it is there already.
+
+    Args:
+        tensor: A checkpoint input.
+        backend: The backend whose streams, events and pinned memory to use.
+
+    Returns:
+        ``tensor`` itself for a host tensor, else a :class:`HostCopy` whose copy may
+        still be in flight (see :func:`wait_for_copies`).
+    """
+    if _on_host(tensor):
+        return tensor
+    return copy_to_host(tensor, backend)
+
+
+def copy_to_host(tensor: torch.Tensor, backend: Accelerator) -> HostCopy:
+    """Copy ``tensor`` into new host memory, asynchronously where the backend allows."""
+    pinned = backend.supports_pinned_memory
+    host = backend.pin_memory(torch.empty_like(tensor, device="cpu"))
+    data = tensor.detach()
+    if not backend.supports_streams:
+        host.copy_(data, non_blocking=pinned)
+        return HostCopy(host, tensor.device, tensor.requires_grad)
+    current = backend.current_stream()
+    side = _side_stream(backend)
+    side.wait_stream(current)
+    with backend.stream(side):
+        host.copy_(data, non_blocking=pinned)
+    return HostCopy(host, tensor.device, tensor.requires_grad, side.record_event())
+
+
+def wait_for_copies(stashed: list[Any], backend: Accelerator) -> None:
+    """Make the current stream wait until every copy to the host in ``stashed`` is done.
+
+    Call it before the device inputs are released, so that their memory is not
+    reused while a side-stream copy still reads it.
+    """
+    events = [item.copied for item in stashed if isinstance(item, HostCopy) and item.copied]
+    if not events:
+        return
+    current = backend.current_stream()
+    for event in events:
+        current.wait_event(event)
+
+
+def restore(item: torch.Tensor | HostCopy, backend: Accelerator) -> torch.Tensor:
+    """Return a stashed input on its device (a new tensor for a :class:`HostCopy`).
+
+    The returned tensor is ready for work queued on the current stream. Its
+    ``requires_grad`` is the original's.
+    """
+    if not isinstance(item, HostCopy):
+        return item
+    pinned = backend.supports_pinned_memory
+    restored = torch.empty_like(item.host, device=item.device)
+    if backend.supports_streams:
+        current = backend.current_stream()
+        side = _side_stream(backend)
+        side.wait_stream(current)
+        with backend.stream(side):
+            restored.copy_(item.host, non_blocking=pinned)
+        current.wait_event(side.record_event())
+    else:
+        restored.copy_(item.host, non_blocking=pinned)
+    return restored.requires_grad_(item.requires_grad)

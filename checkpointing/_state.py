@@ -1,0 +1,213 @@
+"""What a recomputation must see again, captured in forward and replayed in backward.
+
+A checkpointed function runs twice: once in forward, once when backward needs its
+activations. For the second run to give the first run's tensors it must see the same
+generator states (dropout masks), the same autocast state (dtypes) and, on a lazy
+device, a flushed graph. It must also leave no trace of its own: modules that track
+running statistics (batch norm) must not update them a second time.
+
+Everything device-specific goes through the :class:`accel.Accelerator` protocol.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel import Accelerator
+
+__all__ = ["ForwardState", "is_recomputing", "recomputation"]
+
+
+class _ThreadState(threading.local):
+    """Per-thread bookkeeping: recomputation depth and the active running-stat guards."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.guards: list[_RunningStatsGuard] = []
+
+
+_local = _ThreadState()
+
+
+def is_recomputing() -> bool:
+    """Return whether this thread is re-running a checkpointed function for backward.
+
+    Code inside a checkpointed function can use it to skip side effects (logging,
+    counters) that must happen once per step, not once per run of the function.
+
+    Returns:
+        ``True`` between the start and the end of a recomputation on this thread.
+    """
+    return _local.depth > 0
+
+
+def _cpu_autocast_kwargs() -> dict[str, Any]:
+    return {
+        "device_type": "cpu",
+        "enabled": torch.is_autocast_enabled("cpu"),
+        "dtype": torch.get_autocast_dtype("cpu"),
+        "cache_enabled": torch.is_autocast_cache_enabled(),
+    }
+
+
+@dataclass
+class ForwardState:
+    """The state a checkpointed forward ran under, for the recomputation to replay.
+
+    Attributes:
+        backend: The backend the function runs on.
+        device_autocast: ``backend.autocast_kwargs()`` at forward time.
+        cpu_autocast: The host autocast state at forward time, or ``None`` when the
+            backend computes on the host (its autocast state is then the host's).
+        cpu_rng: The host generator state, or ``None`` without ``preserve_rng_state``.
+        device_rng: ``backend.get_rng_state()``, or ``None`` without
+            ``preserve_rng_state``.
+    """
+
+    backend: Accelerator
+    device_autocast: dict[str, Any]
+    cpu_autocast: dict[str, Any] | None
+    cpu_rng: torch.Tensor | None
+    device_rng: torch.Tensor | None
+
+    @classmethod
+    def capture(cls, backend: Accelerator, preserve_rng_state: bool) -> ForwardState:
+        """Read the autocast state and, if asked, both generator states, through ``backend``."""
+        device_autocast = backend.autocast_kwargs()
+        on_host = device_autocast.get("device_type", backend.device_type) == "cpu"
+        cpu_rng = device_rng = None
+        if preserve_rng_state:
+            cpu_rng = torch.get_rng_state()
+            device_rng = backend.get_rng_state()
+        return cls(
+            backend=backend,
+            device_autocast=device_autocast,
+            cpu_autocast=None if on_host else _cpu_autocast_kwargs(),
+            cpu_rng=cpu_rng,
+            device_rng=device_rng,
+        )
+
+    @property
+    def preserves_rng(self) -> bool:
+        """Whether the generator states were captured."""
+        return self.device_rng is not None
+
+    def restore_rng(self) -> None:
+        """Set the host generator, then the device generator, to the captured states.
+
+        On a host backend both are the same generator and get the same state, so the
+        result is exact either way.
+        """
+        if self.cpu_rng is not None:
+            torch.set_rng_state(self.cpu_rng)
+        if self.device_rng is not None:
+            self.backend.set_rng_state(self.device_rng)
+
+
+def _autocast(kwargs: dict[str, Any]) -> Any:
+    device_type = kwargs["device_type"]
+    if not torch.amp.is_autocast_available(device_type):
+        return None
+    return torch.autocast(**kwargs)
+
+
+@contextmanager
+def recomputation(state: ForwardState) -> Iterator[None]:
+    """Re-enter the forward's state for the length of a recomputation.
+
+    In order: flush the lazy graph (``backend.mark_step()``); enter
+    ``backend.fork_rng()`` and restore the captured generator states (skipped
+    entirely without ``preserve_rng_state``); enable grad; re-enter the device
+    autocast state and the host one; mark this thread as recomputing; and guard the
+    running statistics of modules called inside. On exit, also by exception, the
+    caller's generators, autocast state, grad mode and running statistics are back
+    as they were.
+
+    Args:
+        state: What :meth:`ForwardState.capture` read in forward.
+    """
+    backend = state.backend
+    backend.mark_step()
+    with ExitStack() as stack:
+        if state.preserves_rng:
+            stack.enter_context(backend.fork_rng())
+            state.restore_rng()
+        stack.enter_context(torch.enable_grad())
+        for kwargs in (state.device_autocast, state.cpu_autocast):
+            if kwargs is not None:
+                context = _autocast(kwargs)
+                if context is not None:
+                    stack.enter_context(context)
+        stack.enter_context(_recomputing())
+        stack.enter_context(_RunningStatsGuard())
+        yield
+
+
+@contextmanager
+def _recomputing() -> Iterator[None]:
+    _local.depth += 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+class _RunningStatsGuard:
+    """Undo, on exit, running-statistic updates made by modules called inside.
+
+    While active, a global forward pre-hook snapshots the buffers of every module in
+    training mode with ``track_running_stats`` (batch norm, instance norm with
+    tracking, and any module that follows that convention) the first time it is
+    called on this thread; on exit the buffers are copied back in place, so the
+    buffer objects (which distributed wrappers hold on to) stay the same. The
+    recomputation's outputs do not depend on these buffers in training mode, so
+    restoring them afterwards is exact.
+    """
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        self._saved: dict[int, tuple[nn.Module, list[tuple[str, torch.Tensor]]]] = {}
+        self._handle: Any = None
+
+    def __enter__(self) -> _RunningStatsGuard:
+        _local.guards.append(self)
+        self._handle = nn.modules.module.register_module_forward_pre_hook(self._snapshot)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._handle.remove()
+            self._restore()
+        finally:
+            _local.guards.remove(self)
+
+    def _snapshot(self, module: nn.Module, args: Any) -> None:
+        if threading.get_ident() != self._thread or _local.guards[-1] is not self:
+            return
+        if not module.training or not getattr(module, "track_running_stats", False):
+            return
+        if any(id(module) in guard._saved for guard in _local.guards):
+            return
+        with torch.no_grad():
+            buffers = [
+                (name, buffer.clone()) for name, buffer in module.named_buffers(recurse=False)
+            ]
+        self._saved[id(module)] = (module, buffers)
+
+    def _restore(self) -> None:
+        with torch.no_grad():
+            for module, buffers in self._saved.values():
+                for name, saved in buffers:
+                    current = getattr(module, name, None)
+                    if isinstance(current, torch.Tensor) and current.shape == saved.shape:
+                        current.copy_(saved)
+                    else:
+                        setattr(module, name, saved)
+        self._saved.clear()

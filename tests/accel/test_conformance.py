@@ -1,0 +1,153 @@
+"""The shipped conformance suite, run as users run it: in a fresh process, from a temp dir.
+
+Each run is ``python -m accel conformance <name>`` (or the ``python -m pytest`` line it
+stands for) in a pytester directory holding an empty ini file, so this project's pytest
+configuration (``filterwarnings = error``, ``-p accel.testing``) is not used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+TIMEOUT_S = 60.0
+TESTS = Path(__file__).resolve().parents[1]
+DOUBLES = TESTS / "doubles"
+PLUGINS_SITE = TESTS / "data" / "plugins_site"
+
+_RULE = re.compile(r"conformance rule ([a-z0-9-]+) \(")
+
+
+@pytest.fixture
+def user_dir(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A directory of the user's, with no pytest configuration and no ACCEL* variables."""
+    for name in list(os.environ):
+        if name.startswith("ACCEL"):
+            monkeypatch.delenv(name)
+    pytester.makeini("[pytest]\n")
+    return pytester
+
+
+def _with_pythonpath(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))
+    )
+
+
+def _conformance(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
+    """Run ``python -m accel conformance <backend> -p no:cacheprovider <args>``."""
+    return pytester.run(
+        sys.executable,
+        "-m",
+        "accel",
+        "conformance",
+        backend,
+        "-p",
+        "no:cacheprovider",
+        *args,
+        timeout=TIMEOUT_S,
+    )
+
+
+def _lines(result: pytest.RunResult, outcome: str) -> list[str]:
+    """The test ids of the ``-rA`` summary lines for ``outcome`` (PASSED, FAILED, ...)."""
+    prefix = f"{outcome} "
+    return [
+        line[len(prefix) :].split(" - ", 1)[0]
+        for line in result.outlines
+        if line.startswith(prefix)
+    ]
+
+
+def _assert_clean_pass(result: pytest.RunResult, backend: str) -> dict[str, int]:
+    output = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert result.ret == pytest.ExitCode.OK, output
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, outcomes
+    # The whole suite ran, not a handful of tests.
+    assert outcomes.get("passed", 0) >= 15, outcomes
+    assert "conformance rule" not in output
+    return outcomes
+
+
+def test_cli_certifies_cpu(user_dir: pytest.Pytester) -> None:
+    result = _conformance(user_dir, "cpu", "-q")
+
+    _assert_clean_pass(result, "cpu")
+
+
+def test_pytest_command_certifies_recording(user_dir: pytest.Pytester) -> None:
+    # What `python -m accel conformance recording` stands for, typed out.
+    result = user_dir.run(
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "accel.testing",
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "accel.conformance",
+        "--accel=recording",
+        "-rA",
+        timeout=TIMEOUT_S,
+    )
+
+    outcomes = _assert_clean_pass(result, "recording")
+    passed = _lines(result, "PASSED")
+    assert len(passed) == outcomes["passed"]
+    assert all(test_id.endswith("]") and "[recording" in test_id for test_id in passed), passed
+    assert "test_rng.py::test_fork_rng_restores[recording]" in passed
+
+
+def test_hpu_double_passes_with_device_tensor_checks_skipped(
+    user_dir: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_pythonpath(monkeypatch, DOUBLES)
+
+    result = _conformance(user_dir, "hpu", "-p", "habana_double", "-rA")
+
+    _assert_clean_pass(result, "hpu")
+    result.stdout.fnmatch_lines(["accel backends (hpu): hpu"])
+    passed = _lines(result, "PASSED")
+    for test_id in (
+        "test_rng.py::test_state_roundtrip[hpu]",
+        "test_rng.py::test_manual_seed_is_deterministic[hpu]",
+        "test_rng.py::test_fork_rng_restores[hpu]",
+        "test_rng.py::test_fork_rng_restores_on_exception[hpu]",
+        "test_rng.py::test_fork_rng_disabled[hpu]",
+        "test_ordering.py::test_mark_step_any_time[hpu]",
+    ):
+        assert test_id in passed, (test_id, passed)
+    # The double cannot allocate hpu tensors on stock torch: those checks skip, saying so.
+    skipped = [line for line in result.outlines if line.startswith("SKIPPED")]
+    assert any(
+        "backend 'hpu' lacks the 'tensors' capability" in line or "cannot allocate" in line
+        for line in skipped
+    ), skipped
+
+
+def test_broken_backend_fails_exactly_the_fork_rng_rule(
+    user_dir: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_pythonpath(monkeypatch, PLUGINS_SITE)
+
+    result = _conformance(user_dir, "fakenorestore", "-rA")
+
+    output = result.stdout.str()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, output
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("errors", 0) == 0, outcomes
+    assert outcomes.get("passed", 0) >= 15, outcomes
+    assert "conformance rule fork-rng (" in output
+    failed = _lines(result, "FAILED")
+    assert len(failed) == outcomes["failed"] >= 1, (failed, outcomes)
+    assert all(
+        re.fullmatch(r"test_rng\.py::test_fork_rng_\w+\[fakenorestore\]", test_id)
+        for test_id in failed
+    ), failed
+    assert set(_RULE.findall(output)) == {"fork-rng"}
