@@ -30,9 +30,7 @@ INVALID_USE_MESSAGE = (
     " To resolve this error, you can either set use_reentrant=False,"
     " or call .backward() without passing the `inputs` argument."
 )
-NO_OUTPUT_GRAD_MESSAGE = (
-    "none of output has requires_grad=True, this checkpoint() is not necessary"
-)
+NO_OUTPUT_GRAD_MESSAGE = "none of output has requires_grad=True, this checkpoint() is not necessary"
 
 
 @dataclass(frozen=True)

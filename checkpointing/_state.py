@@ -160,25 +160,27 @@ def _recomputing() -> Iterator[None]:
 
 
 class _RunningStatsGuard:
-    """Undo, on exit, running-statistic updates made by modules called inside.
+    """Keep modules called inside from updating their running statistics.
 
-    While active, a global forward pre-hook snapshots the buffers of every module in
-    training mode with ``track_running_stats`` (batch norm, instance norm with
-    tracking, and any module that follows that convention) the first time it is
-    called on this thread; on exit the buffers are copied back in place, so the
-    buffer objects (which distributed wrappers hold on to) stay the same. The
-    recomputation's outputs do not depend on these buffers in training mode, so
-    restoring them afterwards is exact.
+    While active, a global forward pre-hook finds every module in training mode with
+    ``track_running_stats`` (batch norm, instance norm with tracking, and any module
+    that follows that convention) the first time it is called on this thread, and
+    gives it fresh copies of its buffers to update; on exit the original buffer
+    objects are put back, untouched. The originals are never written to, so their
+    version counters do not change (autograd's saved-tensor checks stay valid) and
+    objects that hold on to them (distributed wrappers) see no change. In training
+    mode the module's outputs do not depend on these buffers, so the recomputation
+    is exact.
     """
 
     def __init__(self) -> None:
         self._thread = threading.get_ident()
-        self._saved: dict[int, tuple[nn.Module, list[tuple[str, torch.Tensor]]]] = {}
+        self._saved: dict[int, tuple[nn.Module, dict[str, torch.Tensor]]] = {}
         self._handle: Any = None
 
     def __enter__(self) -> _RunningStatsGuard:
         _local.guards.append(self)
-        self._handle = nn.modules.module.register_module_forward_pre_hook(self._snapshot)
+        self._handle = nn.modules.module.register_module_forward_pre_hook(self._swap)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -188,26 +190,21 @@ class _RunningStatsGuard:
         finally:
             _local.guards.remove(self)
 
-    def _snapshot(self, module: nn.Module, args: Any) -> None:
+    def _swap(self, module: nn.Module, args: Any) -> None:
         if threading.get_ident() != self._thread or _local.guards[-1] is not self:
             return
         if not module.training or not getattr(module, "track_running_stats", False):
             return
         if any(id(module) in guard._saved for guard in _local.guards):
             return
+        originals = {name: buffer for name, buffer in module._buffers.items() if buffer is not None}
+        self._saved[id(module)] = (module, originals)
         with torch.no_grad():
-            buffers = [
-                (name, buffer.clone()) for name, buffer in module.named_buffers(recurse=False)
-            ]
-        self._saved[id(module)] = (module, buffers)
+            for name, buffer in originals.items():
+                module._buffers[name] = buffer.clone()
 
     def _restore(self) -> None:
-        with torch.no_grad():
-            for module, buffers in self._saved.values():
-                for name, saved in buffers:
-                    current = getattr(module, name, None)
-                    if isinstance(current, torch.Tensor) and current.shape == saved.shape:
-                        current.copy_(saved)
-                    else:
-                        setattr(module, name, saved)
+        for module, originals in self._saved.values():
+            for name, buffer in originals.items():
+                module._buffers[name] = buffer
         self._saved.clear()

@@ -32,9 +32,11 @@ OPTION_HELP = (
 
 
 def _can_allocate(backend: Accelerator) -> bool:
+    # Stock torch raises different errors for a device type it was not built for
+    # (RuntimeError, NotImplementedError, ModuleNotFoundError for torch.hpu...).
     try:
         torch.empty(1, device=backend.device())
-    except (RuntimeError, NotImplementedError):
+    except Exception:
         return False
     return True
 

@@ -63,7 +63,7 @@ def _lines(result: pytest.RunResult, outcome: str) -> list[str]:
     ]
 
 
-def _assert_clean_pass(result: pytest.RunResult, backend: str) -> dict[str, int]:
+def _assert_clean_pass(result: pytest.RunResult) -> dict[str, int]:
     output = result.stdout.str()
     outcomes = result.parseoutcomes()
     assert result.ret == pytest.ExitCode.OK, output
@@ -77,7 +77,7 @@ def _assert_clean_pass(result: pytest.RunResult, backend: str) -> dict[str, int]
 def test_cli_certifies_cpu(user_dir: pytest.Pytester) -> None:
     result = _conformance(user_dir, "cpu", "-q")
 
-    _assert_clean_pass(result, "cpu")
+    _assert_clean_pass(result)
 
 
 def test_pytest_command_certifies_recording(user_dir: pytest.Pytester) -> None:
@@ -97,7 +97,7 @@ def test_pytest_command_certifies_recording(user_dir: pytest.Pytester) -> None:
         timeout=TIMEOUT_S,
     )
 
-    outcomes = _assert_clean_pass(result, "recording")
+    outcomes = _assert_clean_pass(result)
     passed = _lines(result, "PASSED")
     assert len(passed) == outcomes["passed"]
     assert all(test_id.endswith("]") and "[recording" in test_id for test_id in passed), passed
@@ -111,7 +111,7 @@ def test_hpu_double_passes_with_device_tensor_checks_skipped(
 
     result = _conformance(user_dir, "hpu", "-p", "habana_double", "-rA")
 
-    _assert_clean_pass(result, "hpu")
+    _assert_clean_pass(result)
     result.stdout.fnmatch_lines(["accel backends (hpu): hpu"])
     passed = _lines(result, "PASSED")
     for test_id in (

@@ -36,9 +36,9 @@ def test_only_recording(accel_backend):
     assert accel_backend.name == "recording"
 
 
-@pytest.mark.accel("cuda")
-def test_only_cuda(accel_backend):
-    assert accel_backend.name == "cuda"
+@pytest.mark.accel("{missing}")
+def test_only_missing(accel_backend):
+    assert accel_backend.name == "{missing}"
 
 
 @pytest.mark.accel_requires("streams")
@@ -125,9 +125,7 @@ def _ids(result: pytest.RunResult, test: str) -> list[str]:
 def test_default_runs_once_per_auto_detectable_backend(
     isolated: pytest.Pytester, backends: dict[str, dict[str, Any]]
 ) -> None:
-    expected = [
-        name for name, row in backends.items() if row["available"] and row["priority"] >= 0
-    ]
+    expected = [name for name, row in backends.items() if row["available"] and row["priority"] >= 0]
     if not any(row["available"] for name, row in backends.items() if name != "cpu"):
         # A machine with no accelerator: exactly cpu (not recording, whose priority is < 0).
         assert expected == ["cpu"]
@@ -179,13 +177,20 @@ def test_option_selects_several_backends_and_wins_over_the_variable(
     result.assert_outcomes(passed=2)
 
 
+def _missing(backends: dict[str, dict[str, Any]]) -> str:
+    """An unavailable backend to mark a test with: cuda where it is missing (as on CPU torch)."""
+    unavailable = [name for name, row in backends.items() if not row["available"]]
+    assert unavailable, "no unavailable backend to check skipping with"
+    return "cuda" if "cuda" in unavailable else unavailable[0]
+
+
 def test_all_runs_every_backend_and_markers_limit_and_require(
     isolated: pytest.Pytester, backends: dict[str, dict[str, Any]]
 ) -> None:
     available = [name for name, row in backends.items() if row["available"]]
     unavailable = {name: row["reason"] for name, row in backends.items() if not row["available"]}
-    assert not backends["cuda"]["available"], "this check needs a machine without CUDA"
-    isolated.makepyfile(test_all=_MARKED)
+    missing = _missing(backends)
+    isolated.makepyfile(test_all=_MARKED.format(missing=missing))
 
     # --strict-markers: both markers are registered by the plugin.
     result = _run(isolated, "-v", "-rs", "--strict-markers", "--accel=all")
@@ -203,17 +208,17 @@ def test_all_runs_every_backend_and_markers_limit_and_require(
     for name, reason in unavailable.items():
         expected = f"backend {name!r} is unavailable: {reason}"
         assert any(expected in line for line in skips), (expected, skips)
-    assert any(
-        "test_all.py" in line and "backend 'cuda' is unavailable: no CUDA device is visible" in line
-        for line in skips
-    ), skips
-    # accel("recording") / accel("cuda"): only that backend, whatever --accel selects.
+    if "cuda" in unavailable:
+        assert any(
+            "backend 'cuda' is unavailable: no CUDA device is visible" in line for line in skips
+        ), skips
+    # accel("recording") / accel(missing): only that backend.
     assert _ids(result, "test_only_recording") == ["recording"]
-    assert _ids(result, "test_only_cuda") == ["cuda"]
+    assert _ids(result, "test_only_missing") == [missing]
     result.stdout.fnmatch_lines(
         [
             "test_all.py::test_only_recording[[]recording[]] PASSED*",
-            "test_all.py::test_only_cuda[[]cuda[]] SKIPPED*",
+            f"test_all.py::test_only_missing[[]{missing}[]] SKIPPED*",
         ]
     )
     # accel_requires("streams"): skipped where a backend lacks streams (cpu, recording).
@@ -226,12 +231,11 @@ def test_all_runs_every_backend_and_markers_limit_and_require(
     lacking = [name for name in available if f"backend {name!r} lacks the 'streams'" in str(skips)]
     assert {"cpu", "recording"} <= set(lacking), skips
     result.stdout.fnmatch_lines(["test_all.py::test_plain PASSED*"])
-    # -rs folds nothing here (one skip per line), but count the outcomes too.
     result.assert_outcomes(
         # test_x on each available backend, test_only_recording, test_plain, and
         # test_needs_streams where the backend has streams
         passed=len(available) + 2 + len(available) - len(lacking),
-        # test_x and test_needs_streams on each unavailable backend, test_only_cuda,
+        # test_x and test_needs_streams on each unavailable backend, test_only_missing,
         # test_needs_streams where the backend lacks streams
         skipped=2 * len(unavailable) + 1 + len(lacking),
     )
@@ -240,24 +244,24 @@ def test_all_runs_every_backend_and_markers_limit_and_require(
 def test_marked_backend_that_is_unavailable_is_skipped_with_the_reason(
     isolated: pytest.Pytester, backends: dict[str, dict[str, Any]]
 ) -> None:
-    cuda_reason = backends["cuda"]["reason"]
-    assert not backends["cuda"]["available"], "this check needs a machine without CUDA"
-    isolated.makepyfile(test_marks=_MARKED)
+    missing = _missing(backends)
+    isolated.makepyfile(test_marks=_MARKED.format(missing=missing))
 
     result = _run(isolated, "-v", "-rs", "--accel=cpu,recording")
 
     assert _ids(result, "test_x") == ["cpu", "recording"]
     assert _ids(result, "test_only_recording") == ["recording"]
-    assert _ids(result, "test_only_cuda") == ["cuda"]
+    assert _ids(result, "test_only_missing") == [missing]
     result.stdout.fnmatch_lines(
         [
             "test_marks.py::test_only_recording[[]recording[]] PASSED*",
-            "test_marks.py::test_only_cuda[[]cuda[]] SKIPPED*",
+            f"test_marks.py::test_only_missing[[]{missing}[]] SKIPPED*",
             "test_marks.py::test_needs_streams[[]cpu[]] SKIPPED*",
         ]
     )
     skips = _skips(result)
-    assert any(f"backend 'cuda' is unavailable: {cuda_reason}" in line for line in skips), skips
+    reason = f"backend {missing!r} is unavailable: {backends[missing]['reason']}"
+    assert any(reason in line for line in skips), (reason, skips)
     assert any("backend 'cpu' lacks the 'streams' capability." in line for line in skips), skips
     result.assert_outcomes(passed=4, skipped=3)
 

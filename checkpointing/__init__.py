@@ -1,0 +1,43 @@
+"""Activation checkpointing that gives the plain run's results on every backend.
+
+Drop-in for ``torch.utils.checkpoint``, written only against the
+:class:`accel.Accelerator` protocol: dropout is replayed exactly (host and device
+generators), autocast is replayed (device and host), a lazy device's graph is flushed
+with ``backend.mark_step()`` before each recomputation, and modules with running
+statistics do not update them twice.
+
+Example::
+
+    from checkpointing import checkpoint
+
+    out = checkpoint(block, hidden, use_reentrant=False)   # instead of torch's
+    out.sum().backward()
+
+Public names:
+
+* :func:`checkpoint` and :func:`checkpoint_sequential`: torch's signatures, plus
+  ``backend=`` (default :func:`accel.get_backend`);
+* :func:`checkpoint_wrapper` and :func:`apply_activation_checkpointing`: checkpoint
+  submodules in place, optionally keeping their inputs in host memory
+  (``offload_to_cpu``);
+* :func:`is_recomputing`: whether this thread is re-running a checkpointed function;
+* :class:`CheckpointError`: a recomputation that does not match its forward.
+"""
+
+from __future__ import annotations
+
+from ._checkpoint import checkpoint
+from ._errors import CheckpointError
+from ._sequential import checkpoint_sequential
+from ._state import is_recomputing
+from ._wrapper import CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointWrapper",
+    "apply_activation_checkpointing",
+    "checkpoint",
+    "checkpoint_sequential",
+    "checkpoint_wrapper",
+    "is_recomputing",
+]

@@ -1,0 +1,281 @@
+"""Checkpointing modules: ``checkpoint_wrapper`` and ``apply_activation_checkpointing``.
+
+:class:`CheckpointWrapper` runs its module's forward through the checkpoint. It keeps
+the wrapped module's parameters, buffers and ``state_dict`` keys (the wrapper adds no
+prefix to saved or loaded state dicts), forwards attribute reads to the wrapped
+module, and can keep the checkpointed inputs in host memory between forward and
+backward (``offload_to_cpu``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch import nn
+
+import accel
+from accel import Accelerator
+
+from ._checkpoint import run_checkpoint
+
+__all__ = ["CheckpointWrapper", "apply_activation_checkpointing", "checkpoint_wrapper"]
+
+_WRAPPED = "_checkpoint_wrapped_module"
+_PREFIX = _WRAPPED + "."
+
+
+class _BackendRef:
+    """The wrapper's backend: shared by copies, stored by name when pickled.
+
+    Backends hold process-wide handles (vendor modules, streams) that cannot be
+    copied or pickled, so ``copy.deepcopy`` of a wrapped model shares the backend and
+    pickling stores its name, resolved again with :func:`accel.get_backend` on first use.
+    """
+
+    def __init__(self, backend: Accelerator | None = None, name: str | None = None) -> None:
+        self._backend = backend
+        self._name = name
+
+    def get(self) -> Accelerator | None:
+        if self._backend is None and self._name is not None:
+            self._backend = accel.get_backend(self._name)
+        return self._backend
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _BackendRef:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        name = self._name if self._backend is None else self._backend.name
+        return (_BackendRef, (None, name))
+
+
+def _strip_prefix(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> dict[str, Any]:
+    inner = prefix + _PREFIX
+    for key in [key for key in state_dict if key.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+    return state_dict
+
+
+def _add_prefix(
+    module: nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    inner = prefix + _PREFIX
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        if not key.startswith(inner):
+            state_dict[inner + key[len(prefix) :]] = state_dict.pop(key)
+
+
+class CheckpointWrapper(nn.Module):
+    """Runs ``module`` through :func:`checkpointing.checkpoint`.
+
+    Build it with :func:`checkpoint_wrapper`. ``state_dict()`` has the wrapped
+    module's keys, and ``load_state_dict`` accepts them; attributes the wrapper does
+    not have are read from the wrapped module.
+
+    Args:
+        module: The module to checkpoint.
+        offload_to_cpu: Keep the checkpointed inputs in host memory between forward
+            and backward (see :func:`checkpoint_wrapper`).
+        use_reentrant: Which checkpoint variant to use.
+        preserve_rng_state: Replay the generator states in recomputation.
+        backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        offload_to_cpu: bool = False,
+        use_reentrant: bool = False,
+        preserve_rng_state: bool = True,
+        backend: Accelerator | None = None,
+    ) -> None:
+        super().__init__()
+        self._checkpoint_wrapped_module = module
+        self.offload_to_cpu = offload_to_cpu
+        self.use_reentrant = use_reentrant
+        self.preserve_rng_state = preserve_rng_state
+        self._backend_ref = _BackendRef(backend)
+        self._register_state_dict_hook(_strip_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped module."""
+        wrapped: nn.Module = self._modules[_WRAPPED]  # type: ignore[assignment]
+        return wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == _WRAPPED or _WRAPPED not in self.__dict__.get("_modules", {}):
+                raise
+            return getattr(self._modules[_WRAPPED], name)
+
+    def __getitem__(self, index: Any) -> Any:
+        indexable: Any = self.module
+        return indexable[index]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module's forward as a checkpoint."""
+        module = self.module
+        function: Callable[..., Any] = module
+        if kwargs and self.use_reentrant:
+            function, args = _flatten_kwargs(module, args, kwargs)
+            kwargs = {}
+        return run_checkpoint(
+            function,
+            args,
+            kwargs,
+            use_reentrant=self.use_reentrant,
+            preserve_rng_state=self.preserve_rng_state,
+            backend=self._backend_ref.get(),
+            offload=self.offload_to_cpu,
+            stacklevel=4,
+        )
+
+    def extra_repr(self) -> str:
+        variant = "reentrant" if self.use_reentrant else "non-reentrant"
+        return f"{variant}, offload_to_cpu={self.offload_to_cpu}"
+
+
+def _flatten_kwargs(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """Pass keyword arguments positionally, for the reentrant variant that takes none."""
+    keys = list(kwargs)
+    positional = len(args)
+
+    def call(*values: Any) -> Any:
+        return module(*values[:positional], **dict(zip(keys, values[positional:], strict=True)))
+
+    return call, (*args, *kwargs.values())
+
+
+def checkpoint_wrapper(
+    module: nn.Module,
+    offload_to_cpu: bool = False,
+    *,
+    use_reentrant: bool = False,
+    preserve_rng_state: bool = True,
+    backend: Accelerator | None = None,
+) -> CheckpointWrapper:
+    """Wrap ``module`` so that its forward is checkpointed.
+
+    The wrapper defaults to the non-reentrant variant, which takes keyword
+    arguments and gives parameters gradients even when no input requires grad (the
+    first block of a model usually receives data). Pass ``use_reentrant=True`` for
+    the reentrant one.
+
+    Example::
+
+        from checkpointing import checkpoint_wrapper
+
+        model.blocks[0] = checkpoint_wrapper(model.blocks[0], offload_to_cpu=True)
+
+    Args:
+        module: The module to wrap. Its parameters stay the same objects.
+        offload_to_cpu: Keep the checkpointed inputs in host memory between forward
+            and backward: copied to pinned memory on a side stream where the backend
+            supports them, and back to their device, with their ``requires_grad``,
+            for the recomputation. Inputs already in host memory are not copied.
+        use_reentrant: Use the reentrant variant (default ``False``).
+        preserve_rng_state: Replay the generator states in recomputation.
+        backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+
+    Returns:
+        The wrapper, to put in ``module``'s place.
+
+    Raises:
+        ValueError: If ``module`` is already a :class:`CheckpointWrapper`.
+    """
+    if isinstance(module, CheckpointWrapper):
+        raise ValueError(
+            "checkpointing: this module is already a CheckpointWrapper; checkpointing it "
+            "twice would recompute it twice. Wrap the inner module (wrapper.module) or "
+            "keep the existing wrapper."
+        )
+    return CheckpointWrapper(
+        module,
+        offload_to_cpu=offload_to_cpu,
+        use_reentrant=use_reentrant,
+        preserve_rng_state=preserve_rng_state,
+        backend=backend,
+    )
+
+
+def _children_to_wrap(
+    parent: nn.Module, check_fn: Callable[[nn.Module], bool]
+) -> Iterator[tuple[nn.Module, str, nn.Module]]:
+    for name, child in list(parent.named_children()):
+        if isinstance(child, CheckpointWrapper):
+            continue
+        if check_fn(child):
+            yield parent, name, child
+        else:
+            yield from _children_to_wrap(child, check_fn)
+
+
+def apply_activation_checkpointing(
+    model: nn.Module,
+    check_fn: Callable[[nn.Module], bool] = lambda _: True,
+    *,
+    offload_to_cpu: bool = False,
+    use_reentrant: bool = False,
+    preserve_rng_state: bool = True,
+    backend: Accelerator | None = None,
+) -> list[str]:
+    """Wrap, in place, every submodule of ``model`` for which ``check_fn`` is true.
+
+    Submodules are visited from the top; a wrapped submodule's own children are not
+    visited, so checkpoints do not nest. ``model`` itself is never wrapped. A module
+    that appears in several places gets one wrapper, shared.
+
+    Example::
+
+        from checkpointing import apply_activation_checkpointing
+
+        apply_activation_checkpointing(
+            model, check_fn=lambda m: isinstance(m, nn.TransformerEncoderLayer)
+        )
+
+    Args:
+        model: The model to change in place.
+        check_fn: Whether to wrap a submodule (default: every direct child).
+        offload_to_cpu: As for :func:`checkpoint_wrapper`.
+        use_reentrant: As for :func:`checkpoint_wrapper` (default ``False``).
+        preserve_rng_state: As for :func:`checkpoint_wrapper`.
+        backend: As for :func:`checkpoint_wrapper`.
+
+    Returns:
+        The qualified names of the wrapped submodules, in visiting order.
+    """
+    names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
+    wrappers: dict[int, CheckpointWrapper] = {}
+    wrapped: list[str] = []
+    for parent, name, child in list(_children_to_wrap(model, check_fn)):
+        wrapper = wrappers.get(id(child))
+        if wrapper is None:
+            wrapper = checkpoint_wrapper(
+                child,
+                offload_to_cpu,
+                use_reentrant=use_reentrant,
+                preserve_rng_state=preserve_rng_state,
+                backend=backend,
+            )
+            wrappers[id(child)] = wrapper
+        setattr(parent, name, wrapper)
+        parent_name = names.get(id(parent), "")
+        wrapped.append(f"{parent_name}.{name}" if parent_name else name)
+    return wrapped
