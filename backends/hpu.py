@@ -97,8 +97,11 @@ class HpuBackend(TorchDeviceBackend):
         self._check_index(index)
 
     def is_available(self) -> bool:
-        """Return ``habana_frameworks.torch.hpu.is_available()`` (it never raises)."""
-        return bool(self._module.is_available())
+        """Return ``habana_frameworks.torch.hpu.is_available()``; ``False`` if it raises."""
+        try:
+            return bool(self._module.is_available())
+        except Exception:
+            return False
 
     def mark_step(self) -> None:
         """Flush the lazy graph with ``habana_frameworks.torch.core.mark_step()``.

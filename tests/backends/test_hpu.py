@@ -570,3 +570,15 @@ def test_probing_imports_nothing_of_habana_frameworks(tmp_path: Path) -> None:
         "list_hpu_available_with_nodes": True,
         "after_list_with_nodes": [],
     }
+
+
+def test_is_available_is_false_when_the_bridge_raises(
+    habana_double: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = _hpu()
+
+    def broken() -> bool:
+        raise RuntimeError("driver not loaded")
+
+    monkeypatch.setattr(sys.modules["habana_frameworks.torch.hpu"], "is_available", broken)
+    assert backend.is_available() is False
