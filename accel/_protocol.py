@@ -191,6 +191,13 @@ class Accelerator(Protocol):
     def stream(self, stream: _Stream) -> AbstractContextManager[Any]:
         """Return a context in which work is queued on ``stream``."""
 
+    def record_stream(self, tensor: torch.Tensor, stream: _Stream) -> None:
+        """Tell the allocator that ``tensor`` is used by work queued on ``stream``.
+
+        Its memory is then not reused until that work is done, even if the tensor is
+        freed on another stream first. A no-op where streams do not run concurrently.
+        """
+
     # Memory ---------------------------------------------------------------------------
 
     def memory_allocated(self) -> int:

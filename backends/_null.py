@@ -93,6 +93,9 @@ class WithoutStreams:
         """Return a context that does nothing."""
         return null_stream_context(stream)
 
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Do nothing: with one implicit stream, no other stream can still use ``tensor``."""
+
 
 class WithoutDeviceMemory:
     """Memory members for a backend that computes in host (or unified) memory.

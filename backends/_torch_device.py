@@ -107,6 +107,10 @@ class TorchDeviceBackend:
         context: AbstractContextManager[Any] = self._module.stream(stream)
         return context
 
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Keep ``tensor``'s memory from reuse until work queued on ``stream`` is done."""
+        tensor.record_stream(stream)
+
     def memory_allocated(self) -> int:
         """Return bytes held by tensors on the current device."""
         return int(self._module.memory_allocated())

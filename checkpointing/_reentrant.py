@@ -77,6 +77,9 @@ class _ReentrantCheckpoint(torch.autograd.Function):
         ctx.saved_indices = saved_indices
         ctx.host_copies = host_copies
         ctx.save_for_backward(*saved)
+        # Outputs that backward does not reach get None, not zeros, so that the
+        # recomputed graph is back-propagated only where the plain graph would be.
+        ctx.set_materialize_grads(False)
         try:
             with torch.no_grad():
                 outputs = function(*args)
@@ -102,16 +105,18 @@ class _ReentrantCheckpoint(torch.autograd.Function):
             outputs = ctx.function(*detached)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
-        with_grad = [
+        differentiable = [
             (output, grad)
             for output, grad in zip(outputs, grad_outputs, strict=False)
             if isinstance(output, torch.Tensor) and output.requires_grad
         ]
-        if not with_grad:
+        if not differentiable:
             raise RuntimeError(NO_OUTPUT_GRAD_MESSAGE)
-        torch.autograd.backward(
-            [output for output, _ in with_grad], [grad for _, grad in with_grad]
-        )
+        reached = [(output, grad) for output, grad in differentiable if grad is not None]
+        if reached:
+            torch.autograd.backward(
+                [output for output, _ in reached], [grad for _, grad in reached]
+            )
         input_grads = tuple(
             value.grad if isinstance(value, torch.Tensor) else None for value in detached
         )

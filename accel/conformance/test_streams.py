@@ -45,6 +45,7 @@ def test_stream_ordering(accel_backend: Accelerator) -> None:
     with accel_backend.stream(side):
         produced = source * 2
         done = side.record_event()
+    accel_backend.record_stream(source, side)
     accel_backend.current_stream().wait_event(done)
     total = float(produced.sum().cpu())
     expected = float((torch.arange(1 << 20, dtype=torch.float64) * 2).sum())

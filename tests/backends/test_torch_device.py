@@ -183,3 +183,23 @@ def test_real_cuda_device_matches_tensor_placement(accel_backend: accel.Accelera
     tensor = torch.ones(1, device=accel_backend.device())
     assert tensor.device == accel_backend.device()
     assert accel_backend.memory_allocated() > 0
+
+
+def test_record_stream_delegates_to_the_tensor(backend: FakeBackend) -> None:
+    class Tensor:
+        def __init__(self) -> None:
+            self.streams: list[object] = []
+
+        def record_stream(self, stream: object) -> None:
+            self.streams.append(stream)
+
+    tensor = Tensor()
+    backend.record_stream(tensor, "side")  # type: ignore[arg-type]
+    assert tensor.streams == ["side"]
+
+
+def test_null_record_stream_does_nothing() -> None:
+    cpu = accel.get_backend("cpu")
+    tensor = torch.ones(2)
+    cpu.record_stream(tensor, cpu.current_stream())
+    assert torch.equal(tensor, torch.ones(2))

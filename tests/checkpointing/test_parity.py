@@ -137,7 +137,7 @@ def inputs_factory(
 
     def make() -> tuple[torch.Tensor, ...]:
         device = backend.device()
-        return tuple(v.to(device).requires_grad_(requires_grad) for v in values)
+        return tuple(v.to(device, copy=True).requires_grad_(requires_grad) for v in values)
 
     return make
 
@@ -271,7 +271,7 @@ def test_multiple_and_non_tensor_inputs_and_outputs(
         lambda m, x, y, i: m(x, 0.5, y, "ok", i),
         lambda m, x, y, i: checkpoint(m, x, 0.5, y, "ok", i, use_reentrant=reentrant),
     )
-    h, tag, doubled, second, three = actual["outputs"]
+    _h, tag, doubled, _second, three = actual["outputs"]
     assert (tag, three) == ("OK", 3)
     assert doubled.dtype == torch.int64 and doubled.tolist() == [8, 0, 4]
 
@@ -309,14 +309,16 @@ def test_inputs_not_requiring_grad(accel_backend: Accelerator, reentrant: bool) 
         return m(x) * mask
 
     def make() -> tuple[Any, ...]:
-        return x_values.to(device).requires_grad_(), mask_values.to(device)
+        return x_values.to(device, copy=True).requires_grad_(), mask_values.to(device)
 
     actual = compare(
         accel_backend,
         model,
         make,
         fn,
-        lambda m, x, mask: checkpoint(lambda x, mask: fn(m, x, mask), x, mask, use_reentrant=reentrant),
+        lambda m, x, mask: checkpoint(
+            lambda x, mask: fn(m, x, mask), x, mask, use_reentrant=reentrant
+        ),
     )
     assert all(grad is not None for grad in actual["param_grads"])
 
@@ -499,7 +501,7 @@ def test_batch_norm_running_stats_update_once(
         lambda m, x: m(x),
         lambda m, x: checkpoint(m, x, use_reentrant=reentrant),
     )
-    running_mean, running_var, num_batches_tracked = actual["buffers"]
+    running_mean, _running_var, num_batches_tracked = actual["buffers"]
     assert num_batches_tracked.item() == 1
     assert not torch.equal(running_mean.cpu(), buffers_before["running_mean"].cpu())
 
