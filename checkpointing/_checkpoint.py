@@ -26,8 +26,11 @@ variant you chose.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -136,8 +139,28 @@ def checkpoint(
         backend=backend,
         context_fn=None if _is_default_context_fn(context_fn) else context_fn,
         determinism_check=determinism_check,
-        stacklevel=3,
     )
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def _user_stacklevel() -> int:
+    """Return the ``stacklevel`` of the first caller outside this package and torch.
+
+    ``Module.__call__`` sits between a wrapper's forward and its user, so a fixed
+    level would point warnings into torch.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith((_PACKAGE_DIR, _TORCH_DIR)):
+            return level
+        frame = frame.f_back
+        level += 1
+    return 1
 
 
 def _any_requires_grad(args: tuple[Any, ...]) -> bool:
@@ -155,18 +178,16 @@ def run_checkpoint(
     offload: bool = False,
     context_fn: ContextFn | None = None,
     determinism_check: str = "default",
-    stacklevel: int = 2,
 ) -> Any:
     """Checkpoint ``function(*args, **kwargs)`` with validated options.
 
     The entry point shared by :func:`checkpoint`, ``checkpoint_sequential`` and the
-    wrapper; inside ``no_grad`` it is a plain call. ``stacklevel`` points the
-    reentrant variant's no-input-requires-grad warning at the user's call.
+    wrapper; inside ``no_grad`` it is a plain call.
     """
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
     if use_reentrant and not _any_requires_grad(args):
-        warnings.warn(NO_INPUT_GRAD_WARNING, UserWarning, stacklevel=stacklevel)
+        warnings.warn(NO_INPUT_GRAD_WARNING, UserWarning, stacklevel=_user_stacklevel())
     options = Options(
         backend=accel.get_backend() if backend is None else backend,
         preserve_rng_state=preserve_rng_state,

@@ -168,6 +168,10 @@ class _Frame:
         mismatches: list[str] = []
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
+            # Detached, so that neither the holder nor the recomputed graph keeps a
+            # reference from a saved output back to its own node: that cycle runs
+            # through C++ and the garbage collector cannot break it.
+            tensor = tensor.detach() if tensor.requires_grad else tensor
             nonlocal counter
             index = counter
             counter += 1
@@ -183,7 +187,7 @@ class _Frame:
                     )
             holder = self.holders[index]()
             if holder is not None:
-                holder.value = tensor.detach() if tensor.requires_grad else tensor
+                holder.value = tensor
             return tensor
 
         def unpack(tensor: torch.Tensor) -> torch.Tensor:

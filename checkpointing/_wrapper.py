@@ -142,7 +142,6 @@ class CheckpointWrapper(nn.Module):
             preserve_rng_state=self.preserve_rng_state,
             backend=self._backend_ref.get(),
             offload=self.offload_to_cpu,
-            stacklevel=4,
         )
 
     def extra_repr(self) -> str:
@@ -216,15 +215,19 @@ def checkpoint_wrapper(
 
 
 def _children_to_wrap(
-    parent: nn.Module, check_fn: Callable[[nn.Module], bool]
+    parent: nn.Module, check_fn: Callable[[nn.Module], bool], visited: set[int]
 ) -> Iterator[tuple[nn.Module, str, nn.Module]]:
-    for name, child in list(parent.named_children()):
-        if isinstance(child, CheckpointWrapper):
+    if id(parent) in visited:
+        return
+    visited.add(id(parent))
+    # _modules, not named_children(): a module registered twice is wrapped in both places.
+    for name, child in list(parent._modules.items()):
+        if child is None or isinstance(child, CheckpointWrapper):
             continue
         if check_fn(child):
             yield parent, name, child
         else:
-            yield from _children_to_wrap(child, check_fn)
+            yield from _children_to_wrap(child, check_fn, visited)
 
 
 def apply_activation_checkpointing(
@@ -264,7 +267,7 @@ def apply_activation_checkpointing(
     names = {id(module): name for name, module in model.named_modules(remove_duplicate=False)}
     wrappers: dict[int, CheckpointWrapper] = {}
     wrapped: list[str] = []
-    for parent, name, child in list(_children_to_wrap(model, check_fn)):
+    for parent, name, child in list(_children_to_wrap(model, check_fn, set())):
         wrapper = wrappers.get(id(child))
         if wrapper is None:
             wrapper = checkpoint_wrapper(

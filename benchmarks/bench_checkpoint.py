@@ -1,0 +1,344 @@
+"""Activation checkpointing: step time and memory, ours against torch's and none.
+
+On the selected backend, a stack of transformer blocks is trained with five variants:
+no checkpointing, ``torch.utils.checkpoint`` (reentrant and non-reentrant) and
+``checkpointing.checkpoint`` (reentrant and non-reentrant), every block checkpointed.
+
+Measures:
+* step time: median over ``--steps`` steps after ``--warmup``, the variants interleaved
+  step by step so that machine drift affects them alike; the backend is synchronized
+  before each timer read;
+* saved activations: bytes of the distinct non-parameter tensors autograd holds for
+  backward at the end of the forward (counted with ``saved_tensors_hooks``);
+* peak memory: the device's peak allocation through the backend where it keeps memory
+  statistics; otherwise (the host) the peak RSS of a fresh child process per variant
+  that runs the same steps, with and without its RSS after setup subtracted.
+
+Targets (reported, not asserted): our step time within 2% of torch's for the same
+variant; our saved activations and peak memory no higher than torch's (peak RSS with a
+1% allowance for allocator noise); our step time under 1.40x the step without
+checkpointing.
+
+Usage: python benchmarks/bench_checkpoint.py [--backend NAME] [--layers N] [--d-model N]
+       [--heads N] [--ffn N] [--seq N] [--batch N] [--warmup N] [--steps N] [--no-rss]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+from _report import print_table, write_results
+from torch import nn
+
+import accel
+import checkpointing
+from accel import Accelerator
+
+VARIANTS = (
+    "none",
+    "torch-reentrant",
+    "torch-non-reentrant",
+    "ours-reentrant",
+    "ours-non-reentrant",
+)
+TIME_TARGET = 1.02
+OVERHEAD_TARGET = 1.40
+RSS_ALLOWANCE = 1.01
+
+
+class Stack(nn.Module):
+    """Input projection, ``layers`` transformer blocks, output projection."""
+
+    def __init__(self, config: dict[str, int]) -> None:
+        super().__init__()
+        width = config["d_model"]
+        self.embed = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                width, config["heads"], config["ffn"], dropout=0.1, batch_first=True
+            )
+            for _ in range(config["layers"])
+        )
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, run_block: Callable[[nn.Module, torch.Tensor], Any]) -> Any:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = run_block(block, h)
+        return self.head(h)
+
+
+def block_runner(variant: str, backend: Accelerator) -> Callable[[nn.Module, torch.Tensor], Any]:
+    """Return how a block is called for ``variant``."""
+    if variant == "none":
+        return lambda block, h: block(h)
+    reentrant = variant.endswith("-reentrant") and not variant.endswith("non-reentrant")
+    if variant.startswith("torch-"):
+        return lambda block, h: torch.utils.checkpoint.checkpoint(block, h, use_reentrant=reentrant)
+    return lambda block, h: checkpointing.checkpoint(
+        block, h, use_reentrant=reentrant, backend=backend
+    )
+
+
+class Workload:
+    """One model copy per variant, the same data, and a training step."""
+
+    def __init__(self, backend: Accelerator, config: dict[str, int], variants: tuple[str, ...]):
+        self.backend = backend
+        device = backend.device()
+        torch.manual_seed(0)
+        base = Stack(config).to(device).train()
+        self.models = {variant: copy.deepcopy(base) for variant in variants}
+        self.runners = {variant: block_runner(variant, backend) for variant in variants}
+        generator = torch.Generator().manual_seed(1)
+        shape = (config["batch"], config["seq"], config["d_model"])
+        self.x = torch.randn(*shape, generator=generator).to(device)
+        self.target = torch.randn(*shape, generator=generator).to(device)
+
+    def forward_loss(self, variant: str) -> torch.Tensor:
+        out = self.models[variant](self.x, self.runners[variant])
+        return nn.functional.mse_loss(out, self.target)
+
+    def step(self, variant: str) -> float:
+        """Run forward and backward; return the seconds it took, device work included."""
+        self.backend.synchronize()
+        start = time.perf_counter()
+        self.forward_loss(variant).backward()
+        self.backend.synchronize()
+        elapsed = time.perf_counter() - start
+        self.models[variant].zero_grad(set_to_none=True)
+        return elapsed
+
+    def saved_bytes(self, variant: str) -> int:
+        """Bytes of distinct non-parameter storages autograd holds after the forward."""
+        parameters = {p.untyped_storage().data_ptr() for p in self.models[variant].parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in parameters:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = self.forward_loss(variant)
+        held = sum(storages.values())
+        loss.backward()
+        self.models[variant].zero_grad(set_to_none=True)
+        return held
+
+    def peak_device_bytes(self, variant: str) -> int:
+        """Peak device allocation of one step beyond what was allocated before it."""
+        self.backend.synchronize()
+        before = self.backend.memory_allocated()
+        self.backend.reset_peak_memory_stats()
+        self.step(variant)
+        return self.backend.max_memory_allocated() - before
+
+
+def child_peak_rss(variant: str, args: argparse.Namespace) -> dict[str, int]:
+    """Run ``variant`` in a fresh process; return its peak RSS and its RSS after setup."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        variant,
+        "--config",
+        json.dumps(config_of(args)),
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps),
+    ]
+    if args.backend:
+        command += ["--backend", args.backend]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    report: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """The child side of :func:`child_peak_rss`: setup, steps, then print the figures."""
+    backend = accel.get_backend(args.backend)
+    workload = Workload(backend, json.loads(args.config), (args.child,))
+    setup_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(args.warmup + args.steps):
+        workload.step(args.child)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_rss_kb": peak_kb, "setup_rss_kb": setup_kb}))
+
+
+def config_of(args: argparse.Namespace) -> dict[str, int]:
+    return {
+        "layers": args.layers,
+        "d_model": args.d_model,
+        "heads": args.heads,
+        "ffn": args.ffn,
+        "seq": args.seq,
+        "batch": args.batch,
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default=None, help="backend name (default: auto)")
+    parser.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    parser.add_argument("--d-model", type=int, default=256, help="model width")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--ffn", type=int, default=1024, help="feed-forward width")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length")
+    parser.add_argument("--batch", type=int, default=8, help="batch size")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant")
+    parser.add_argument("--steps", type=int, default=9, help="timed steps per variant")
+    parser.add_argument("--no-rss", action="store_true", help="skip the child processes")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--config", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f} MB"
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:
+        run_child(args)
+        return
+    backend = accel.get_backend(args.backend)
+    config = config_of(args)
+    workload = Workload(backend, config, VARIANTS)
+
+    saved = {variant: workload.saved_bytes(variant) for variant in VARIANTS}
+    for _ in range(args.warmup):
+        for variant in VARIANTS:
+            workload.step(variant)
+    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    for _ in range(args.steps):
+        for variant in VARIANTS:
+            times[variant].append(workload.step(variant))
+    median = {variant: statistics.median(times[variant]) for variant in VARIANTS}
+
+    device_peak: dict[str, int] = {}
+    if backend.supports_memory_stats:
+        device_peak = {variant: workload.peak_device_bytes(variant) for variant in VARIANTS}
+    rss: dict[str, dict[str, int]] = {}
+    if not backend.supports_memory_stats and not args.no_rss:
+        rss = {variant: child_peak_rss(variant, args) for variant in VARIANTS}
+
+    def peak(variant: str) -> float | None:
+        if device_peak:
+            return float(device_peak[variant])
+        if rss:
+            return float(rss[variant]["peak_rss_kb"] * 1024)
+        return None
+
+    def peak_delta(variant: str) -> float | None:
+        if not rss:
+            return None
+        return float((rss[variant]["peak_rss_kb"] - rss[variant]["setup_rss_kb"]) * 1024)
+
+    targets: dict[str, Any] = {}
+    for mode in ("reentrant", "non-reentrant"):
+        ours, theirs = f"ours-{mode}", f"torch-{mode}"
+        time_ratio = median[ours] / median[theirs]
+        overhead = median[ours] / median["none"]
+        ours_peak, their_peak = peak(ours), peak(theirs)
+        allowance = RSS_ALLOWANCE if rss else 1.0
+        memory_met = saved[ours] <= saved[theirs] and (
+            ours_peak is None or their_peak is None or ours_peak <= their_peak * allowance
+        )
+        targets[mode] = {
+            "time_vs_torch": {
+                "ratio": time_ratio,
+                "target": f"<= {TIME_TARGET}",
+                "met": time_ratio <= TIME_TARGET,
+            },
+            "memory_vs_torch": {
+                "saved_bytes": [saved[ours], saved[theirs]],
+                "peak_bytes": [ours_peak, their_peak],
+                "target": "saved <= torch's and peak <= torch's"
+                + (f" x {RSS_ALLOWANCE} (RSS noise)" if rss else ""),
+                "met": memory_met,
+            },
+            "overhead_vs_none": {
+                "ratio": overhead,
+                "target": f"< {OVERHEAD_TARGET}",
+                "met": overhead < OVERHEAD_TARGET,
+            },
+        }
+
+    peak_kind = "device peak" if device_peak else "peak RSS" if rss else "peak"
+    rows = []
+    for variant in VARIANTS:
+        rows.append(
+            (
+                variant,
+                f"{median[variant] * 1000:.1f} ms",
+                f"{median[variant] / median['none']:.3f}x",
+                _mb(saved[variant]),
+                _mb(peak(variant)),
+                _mb(peak_delta(variant)),
+            )
+        )
+    print(f"backend: {backend.name}; config: {config}; {args.steps} timed steps\n")
+    print_table(
+        ("variant", "median step", "vs none", "saved activations", peak_kind, "peak - setup"),
+        rows,
+    )
+    print()
+    target_rows = []
+    for mode, result in targets.items():
+        for name, target in result.items():
+            value = (
+                f"{target['ratio']:.3f}"
+                if "ratio" in target
+                else f"saved {_mb(target['saved_bytes'][0])} vs {_mb(target['saved_bytes'][1])}; "
+                f"peak {_mb(target['peak_bytes'][0])} vs {_mb(target['peak_bytes'][1])}"
+            )
+            target_rows.append(
+                (mode, name, value, target["target"], "yes" if target["met"] else "no")
+            )
+    print_table(("mode", "target", "value", "wanted", "met"), target_rows)
+
+    all_met = all(t["met"] for result in targets.values() for t in result.values())
+    path = write_results(
+        "checkpoint",
+        backend.name,
+        {
+            "config": {**config, "warmup": args.warmup, "steps": args.steps},
+            "torch_version": torch.__version__,
+            "accel_version": accel.__version__,
+            "results": {
+                variant: {
+                    "median_step_s": median[variant],
+                    "step_s": times[variant],
+                    "saved_activation_bytes": saved[variant],
+                    "device_peak_bytes": device_peak.get(variant),
+                    "peak_rss_kb": rss.get(variant, {}).get("peak_rss_kb"),
+                    "setup_rss_kb": rss.get(variant, {}).get("setup_rss_kb"),
+                }
+                for variant in VARIANTS
+            },
+            "targets": targets,
+            "targets_met": "yes" if all_met else "no",
+        },
+    )
+    print(f"\nall targets met: {'yes' if all_met else 'no'}")
+    print(f"wrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+
+
+if __name__ == "__main__":
+    main()

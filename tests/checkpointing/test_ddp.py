@@ -1,0 +1,178 @@
+"""Two-process DistributedDataParallel (gloo, CPU) with the reentrant checkpoint.
+
+Each rank trains on half the batch; the gradients must match one process training on
+the full batch. The test also pins down what DDP needs: a default DDP works when each
+parameter is used in one checkpointed call; a parameter used in two reentrant
+checkpointed calls, or ``find_unused_parameters=True``, makes DDP raise "Expected to
+mark a variable ready only once" unless DDP is built with ``static_graph=True``.
+
+Both ranks run as subprocesses of this test (MASTER_ADDR=127.0.0.1, a free port),
+bounded by a timeout, and print their results as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TIMEOUT_S = 50
+REPO = Path(__file__).resolve().parents[2]
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, warnings
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from checkpointing import checkpoint
+
+    warnings.simplefilter("ignore")  # DDP's own advice about static_graph
+    torch.set_num_threads(1)
+
+
+    class Net(nn.Module):
+        def __init__(self, twice, reentrant):
+            super().__init__()
+            self.embed = nn.Linear(6, 8)
+            self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+            self.head = nn.Linear(8, 2)
+            self.twice = twice
+            self.reentrant = reentrant
+
+        def forward(self, x):
+            h = checkpoint(self.block, self.embed(x), use_reentrant=self.reentrant)
+            if self.twice:
+                h = checkpoint(self.block, h, use_reentrant=self.reentrant)
+            return self.head(h)
+
+
+    def train(model, batches, ddp_kwargs=None):
+        module = model if ddp_kwargs is None else DDP(model, **ddp_kwargs)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        grads = []
+        for x in batches:
+            optimizer.zero_grad()
+            module(x).pow(2).mean().backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+            optimizer.step()
+        return grads, [p.detach().clone() for p in model.parameters()]
+
+
+    def close(a, b):
+        return all(torch.allclose(x, y, rtol=1e-5, atol=1e-7) for x, y in zip(a, b))
+
+
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    generator = torch.Generator().manual_seed(3)
+    full = [torch.randn(8, 6, generator=generator) for _ in range(2)]
+    halves = [x[rank * 4 : (rank + 1) * 4] for x in full]
+    cases = {
+        "once": (False, True, {}),
+        "once_find_unused": (False, True, {"find_unused_parameters": True}),
+        "once_find_unused_static": (
+            False, True, {"find_unused_parameters": True, "static_graph": True}
+        ),
+        "twice": (True, True, {}),
+        "twice_static": (True, True, {"static_graph": True}),
+        "twice_non_reentrant": (True, False, {}),
+    }
+    results = {}
+    for name, (twice, reentrant, ddp_kwargs) in cases.items():
+        torch.manual_seed(0)
+        reference = train(Net(twice, reentrant), full)
+        torch.manual_seed(0)
+        try:
+            candidate = train(Net(twice, reentrant), halves, ddp_kwargs)
+        except RuntimeError as error:
+            results[name] = "error: " + str(error).splitlines()[0]
+            continue
+        grads_ok = all(close(a, b) for a, b in zip(candidate[0], reference[0]))
+        params_ok = close(candidate[1], reference[1])
+        results[name] = "equal" if grads_ok and params_ok else "different"
+    dist.barrier()
+    dist.destroy_process_group()
+    print("RESULTS " + json.dumps(results), flush=True)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    script = tmp_path_factory.mktemp("ddp") / "worker.py"
+    script.write_text(WORKER)
+    port = _free_port()
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env={
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "PYTHONPATH": pythonpath,
+                "OMP_NUM_THREADS": "1",
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    results = []
+    try:
+        for rank, process in enumerate(processes):
+            out, err = process.communicate(timeout=TIMEOUT_S)
+            assert process.returncode == 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}"
+            lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
+            assert lines, f"rank {rank} printed no results:\n{out}\n{err[-3000:]}"
+            results.append(json.loads(lines[-1][len("RESULTS ") :]))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return results
+
+
+REQUIRES_STATIC_GRAPH = "error: Expected to mark a variable ready only once."
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("once", "equal"),
+        ("once_find_unused", REQUIRES_STATIC_GRAPH),
+        ("once_find_unused_static", "equal"),
+        ("twice", REQUIRES_STATIC_GRAPH),
+        ("twice_static", "equal"),
+        ("twice_non_reentrant", "equal"),
+    ],
+)
+def test_ddp_with_reentrant_checkpoint(
+    ddp_results: list[dict[str, Any]], case: str, expected: str
+) -> None:
+    for rank, results in enumerate(ddp_results):
+        outcome = results[case]
+        if expected.startswith("error: "):
+            assert outcome.startswith(expected), (rank, outcome)
+        else:
+            assert outcome == expected, (rank, outcome)

@@ -1,0 +1,48 @@
+"""The package's shape: no vendor names, a sorted public API with docstrings, torch's signature."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import torch.utils.checkpoint
+
+import checkpointing
+
+PACKAGE = Path(checkpointing.__file__).resolve().parent
+VENDOR = re.compile(r"cuda|hpu|habana|htcore|xpu|mps", re.IGNORECASE)
+
+
+def test_no_file_names_a_vendor() -> None:
+    files = sorted(PACKAGE.rglob("*"))
+    assert any(path.name == "_non_reentrant.py" for path in files)
+    hits = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in files
+        if path.is_file() and path.suffix in {".py", ".pyi", ".typed", ".md", ".txt"}
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if VENDOR.search(line)
+    ]
+    assert hits == []
+
+
+def test_vendor_pattern_catches_names() -> None:
+    assert all(VENDOR.search(word) for word in ("torch.cuda", "HPU", "habana_frameworks", "XPU"))
+
+
+def test_public_api_is_sorted_and_documented() -> None:
+    assert checkpointing.__all__ == sorted(checkpointing.__all__)
+    assert checkpointing.__doc__
+    for name in checkpointing.__all__:
+        obj = getattr(checkpointing, name)
+        assert inspect.getdoc(obj), f"{name} has no docstring"
+
+
+def test_checkpoint_accepts_torchs_parameters() -> None:
+    ours = inspect.signature(checkpointing.checkpoint).parameters
+    theirs = inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+    assert set(theirs) <= set(ours), set(theirs) - set(ours)
+    ours_seq = inspect.signature(checkpointing.checkpoint_sequential).parameters
+    theirs_seq = inspect.signature(torch.utils.checkpoint.checkpoint_sequential).parameters
+    assert list(ours_seq) == list(theirs_seq)
