@@ -18,10 +18,11 @@ With ``DistributedDataParallel``, the reentrant variant runs each checkpointed
 region's backward inside DDP's own backward, after DDP's graph analysis. It works
 with a default DDP when every parameter is used in exactly one checkpointed call per
 iteration. When a parameter is used in several checkpointed calls (a module
-checkpointed twice, shared weights), or together with ``find_unused_parameters=True``,
-DDP raises "Expected to mark a variable ready only once"; construct DDP with
-``static_graph=True`` for those models. Nothing here changes DDP's settings or the
-variant you chose.
+checkpointed twice, shared weights), or with ``find_unused_parameters=True``, DDP
+raises "Expected to mark a variable ready only once"; construct DDP with
+``static_graph=True`` for those models (the graph must then be the same every
+iteration). The non-reentrant variant needs neither. Nothing here changes DDP's
+settings or the variant you chose.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ import accel
 from accel import Accelerator
 
 from ._non_reentrant import DETERMINISM_CHECKS, ContextFn, run_non_reentrant
-from ._reentrant import Options, run_reentrant
+from ._reentrant import run_reentrant
+from ._state import Options
 
 __all__ = ["NO_INPUT_GRAD_WARNING", "checkpoint", "run_checkpoint"]
 

@@ -29,8 +29,7 @@ import torch
 
 from ._errors import CheckpointError
 from ._offload import HostCopy, restore, stash, wait_for_copies
-from ._reentrant import Options
-from ._state import ForwardState, recomputation
+from ._state import ForwardState, Options, recomputation
 
 __all__ = ["DETERMINISM_CHECKS", "run_non_reentrant"]
 
@@ -140,10 +139,13 @@ class _Frame:
         if holder.value is None:
             self.recompute()
         value = holder.value
-        if value is None:  # pragma: no cover - recompute() fills every live holder or raises
+        if value is None:
+            # Only reachable with determinism_check="none": the count check would have
+            # raised in recompute() otherwise.
             raise CheckpointError(
-                "checkpointing: internal error: a saved tensor was not recomputed. "
-                "Please report this with the code that triggered it."
+                f"checkpointing: recomputing {_name(self.function)} for backward saved "
+                "fewer tensors than its forward, so a tensor backward needs is missing. "
+                f"{_ADVICE}"
             )
         holder.value = None
         return value

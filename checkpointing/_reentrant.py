@@ -11,17 +11,14 @@ nested ("reentrant") call to :func:`torch.autograd.backward`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from accel import Accelerator
-
 from ._offload import HostCopy, restore, stash, wait_for_copies
-from ._state import ForwardState, recomputation
+from ._state import ForwardState, Options, recomputation
 
-__all__ = ["INVALID_USE_MESSAGE", "NO_OUTPUT_GRAD_MESSAGE", "Options", "run_reentrant"]
+__all__ = ["INVALID_USE_MESSAGE", "NO_OUTPUT_GRAD_MESSAGE", "run_reentrant"]
 
 # torch.utils.checkpoint's wording, kept verbatim so code matching on it keeps working.
 INVALID_USE_MESSAGE = (
@@ -31,21 +28,6 @@ INVALID_USE_MESSAGE = (
     " or call .backward() without passing the `inputs` argument."
 )
 NO_OUTPUT_GRAD_MESSAGE = "none of output has requires_grad=True, this checkpoint() is not necessary"
-
-
-@dataclass(frozen=True)
-class Options:
-    """How one checkpointed call runs.
-
-    Attributes:
-        backend: The backend whose RNG, autocast, ``mark_step`` and memory to use.
-        preserve_rng_state: Whether to replay the generator states in recomputation.
-        offload: Whether to keep the inputs in host memory until backward.
-    """
-
-    backend: Accelerator
-    preserve_rng_state: bool
-    offload: bool = False
 
 
 def _detached(value: Any) -> Any:

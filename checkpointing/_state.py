@@ -22,7 +22,7 @@ from torch import nn
 
 from accel import Accelerator
 
-__all__ = ["ForwardState", "is_recomputing", "recomputation"]
+__all__ = ["ForwardState", "Options", "is_recomputing", "recomputation"]
 
 
 class _ThreadState(threading.local):
@@ -46,6 +46,21 @@ def is_recomputing() -> bool:
         ``True`` between the start and the end of a recomputation on this thread.
     """
     return _local.depth > 0
+
+
+@dataclass(frozen=True)
+class Options:
+    """How one checkpointed call runs.
+
+    Attributes:
+        backend: The backend whose RNG, autocast, ``mark_step`` and memory to use.
+        preserve_rng_state: Whether to replay the generator states in recomputation.
+        offload: Whether to keep the inputs in host memory until backward.
+    """
+
+    backend: Accelerator
+    preserve_rng_state: bool
+    offload: bool = False
 
 
 def _cpu_autocast_kwargs() -> dict[str, Any]:

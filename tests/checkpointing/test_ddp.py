@@ -1,10 +1,15 @@
 """Two-process DistributedDataParallel (gloo, CPU) with the reentrant checkpoint.
 
-Each rank trains on half the batch; the gradients must match one process training on
-the full batch. The test also pins down what DDP needs: a default DDP works when each
-parameter is used in one checkpointed call; a parameter used in two reentrant
-checkpointed calls, or ``find_unused_parameters=True``, makes DDP raise "Expected to
-mark a variable ready only once" unless DDP is built with ``static_graph=True``.
+Each rank trains on half the batch; the gradients (two SGD steps) must match one
+process training on the full batch, up to float rounding (``allclose`` with
+``rtol=1e-5``): DDP averages two half-batch gradients where the single process
+reduces over the whole batch at once, so the sums are ordered differently.
+
+The test also pins down what DDP needs: a default DDP works when each parameter is
+used in one checkpointed call; a parameter used in two reentrant checkpointed calls,
+or ``find_unused_parameters=True``, makes DDP raise "Expected to mark a variable ready
+only once" unless DDP is built with ``static_graph=True``; the non-reentrant
+checkpoint needs neither.
 
 Both ranks run as subprocesses of this test (MASTER_ADDR=127.0.0.1, a free port),
 bounded by a timeout, and print their results as JSON.
@@ -18,17 +23,18 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-TIMEOUT_S = 50
+TIMEOUT_S = 55  # for the whole fixture, retry included
 REPO = Path(__file__).resolve().parents[2]
 
 WORKER = textwrap.dedent(
     """
-    import json, os, warnings
+    import datetime, json, os, warnings
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -72,7 +78,9 @@ WORKER = textwrap.dedent(
 
 
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20)
+    )
     generator = torch.Generator().manual_seed(3)
     full = [torch.randn(8, 6, generator=generator) for _ in range(2)]
     halves = [x[rank * 4 : (rank + 1) * 4] for x in full]
@@ -85,6 +93,7 @@ WORKER = textwrap.dedent(
         "twice": (True, True, {}),
         "twice_static": (True, True, {"static_graph": True}),
         "twice_non_reentrant": (True, False, {}),
+        "twice_non_reentrant_find_unused": (True, False, {"find_unused_parameters": True}),
     }
     results = {}
     for name, (twice, reentrant, ddp_kwargs) in cases.items():
@@ -113,10 +122,8 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="module")
-def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    script = tmp_path_factory.mktemp("ddp") / "worker.py"
-    script.write_text(WORKER)
+def _run_ranks(script: Path, deadline: float) -> tuple[list[dict[str, Any]] | None, str]:
+    """Run both ranks once; return their results, or None and what went wrong."""
     port = _free_port()
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     processes = [
@@ -137,20 +144,46 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
         )
         for rank in range(2)
     ]
-    results = []
+    results: list[dict[str, Any]] = []
+    problems: list[str] = []
     try:
         for rank, process in enumerate(processes):
-            out, err = process.communicate(timeout=TIMEOUT_S)
-            assert process.returncode == 0, f"rank {rank} failed:\n{out}\n{err[-3000:]}"
+            try:
+                out, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                problems.append(f"rank {rank} did not finish within the {TIMEOUT_S} s budget")
+                continue
             lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
-            assert lines, f"rank {rank} printed no results:\n{out}\n{err[-3000:]}"
+            if process.returncode != 0 or not lines:
+                problems.append(
+                    f"rank {rank} exited with {process.returncode}:\n{out}\n{err[-3000:]}"
+                )
+                continue
             results.append(json.loads(lines[-1][len("RESULTS ") :]))
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    return results
+    return (None if problems else results), "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    script = tmp_path_factory.mktemp("ddp") / "worker.py"
+    script.write_text(WORKER)
+    # One retry: the free port can be taken by another process between the probe and
+    # the rendezvous. Both attempts' problems are shown if both fail.
+    problems = []
+    deadline = time.monotonic() + TIMEOUT_S
+    for _ in range(2):
+        if time.monotonic() >= deadline:
+            break
+        results, problem = _run_ranks(script, deadline)
+        if results is not None:
+            return results
+        problems.append(problem)
+    pytest.fail("the two DDP ranks failed twice:\n" + "\n---\n".join(problems))
 
 
 REQUIRES_STATIC_GRAPH = "error: Expected to mark a variable ready only once."
@@ -165,6 +198,7 @@ REQUIRES_STATIC_GRAPH = "error: Expected to mark a variable ready only once."
         ("twice", REQUIRES_STATIC_GRAPH),
         ("twice_static", "equal"),
         ("twice_non_reentrant", "equal"),
+        ("twice_non_reentrant_find_unused", "equal"),
     ],
 )
 def test_ddp_with_reentrant_checkpoint(

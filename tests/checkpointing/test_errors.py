@@ -16,6 +16,9 @@ from checkpointing import (
     is_recomputing,
 )
 
+# Backend-generic tests put tensors on the backend's device.
+pytestmark = pytest.mark.accel_requires("tensors")
+
 MODES = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reentrant")]
 GRAD_ERROR = (
     "When use_reentrant=True, torch.utils.checkpoint is incompatible with .grad() or passing "
@@ -201,6 +204,19 @@ def test_determinism_check_none_skips_the_check() -> None:
     assert torch.equal(x.grad, x.detach().exp())
 
 
+def test_missing_tensor_is_reported_even_without_the_check() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if is_recomputing() else x.exp().exp()
+
+    out = checkpoint(
+        fn, torch.randn(3, requires_grad=True), use_reentrant=False, determinism_check="none"
+    )
+    with pytest.raises(
+        CheckpointError, match=r"^checkpointing: .* saved fewer tensors than its forward"
+    ):
+        out.sum().backward()
+
+
 def test_randomness_without_rng_replay_is_detected() -> None:
     # Dropout with a different mask still saves the same shapes: no error, different
     # gradient. A data-dependent shape is caught.
@@ -209,7 +225,7 @@ def test_randomness_without_rng_replay_is_detected() -> None:
         return x[keep].exp().sum()
 
     torch.manual_seed(0)
-    x = torch.randn(64, requires_grad=True)
+    x = torch.randn(4096, requires_grad=True)
     out = checkpoint(fn, x, use_reentrant=False, preserve_rng_state=False)
     with pytest.raises(CheckpointError, match="shape"):
         out.backward()

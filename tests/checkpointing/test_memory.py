@@ -17,6 +17,9 @@ from checkpointing._non_reentrant import _Frame, _Holder
 from checkpointing._offload import HostCopy
 from checkpointing._state import ForwardState
 
+# Backend-generic tests put tensors on the backend's device.
+pytestmark = pytest.mark.accel_requires("tensors")
+
 MODES = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reentrant")]
 TRACKED = (_Frame, _Holder, ForwardState, HostCopy)
 

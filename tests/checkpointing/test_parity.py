@@ -25,6 +25,9 @@ from checkpointing import (
     checkpoint_wrapper,
 )
 
+# Backend-generic tests put tensors on the backend's device.
+pytestmark = pytest.mark.accel_requires("tensors")
+
 MODES = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reentrant")]
 SEED = 1234
 

@@ -1,0 +1,212 @@
+"""``Engine``: backward and optimizer step with gradient accumulation and loss scaling.
+
+The contract, written down (DeepSpeed's engine leaves parts of it implicit):
+
+* :meth:`Engine.backward` divides the loss by ``gradient_accumulation_steps`` (unless
+  ``scale_wrt_gas=False``), multiplies it by the loss scale when one is set, runs
+  backward, and calls ``backend.mark_step()``. Gradients accumulate in ``.grad`` (on
+  the host for offloaded parameters).
+* :meth:`Engine.step` is called after every backward. Only at an accumulation boundary
+  does it wait for the device, unscale the gradients, skip the step if any of them is
+  inf or NaN (under loss scaling), step the optimizer, zero the gradients, update the
+  scale and call ``backend.mark_step()``.
+* An exception in backward brings every offloaded parameter and gradient home
+  (:meth:`offload.OffloadModel.recover`, :meth:`offload.ParameterOffload.recover`)
+  before it propagates.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+import accel
+from accel import Accelerator
+
+from ._errors import OffloadConfigError
+from ._model import OffloadModel
+from ._params import active_offloads
+from ._scaler import LossScaler
+
+__all__ = ["Engine"]
+
+logger = logging.getLogger("offload")
+
+
+def _scaler(loss_scale: float | str | LossScaler | None) -> LossScaler | None:
+    if loss_scale is None or isinstance(loss_scale, LossScaler):
+        return loss_scale
+    if loss_scale == "dynamic":
+        return LossScaler()
+    if isinstance(loss_scale, int | float) and not isinstance(loss_scale, bool):
+        return LossScaler(float(loss_scale), dynamic=False)
+    raise OffloadConfigError(
+        f"offload: loss_scale must be None, a number (static scale), 'dynamic' or a "
+        f"LossScaler, got {loss_scale!r}."
+    )
+
+
+class Engine:
+    """Runs backward and the optimizer step of ``model`` the same way on every backend.
+
+    Example::
+
+        engine = Engine(model, optimizer, gradient_accumulation_steps=4, loss_scale="dynamic")
+        for x, y in batches:
+            loss = criterion(engine(x), y)
+            engine.backward(loss)
+            engine.step()        # steps every 4th call
+
+    Args:
+        model: The model (plain, an :class:`offload.OffloadModel`, or one whose
+            parameters :func:`offload.offload_parameters` offloaded).
+        optimizer: The optimizer over its parameters; required by :meth:`backward`.
+        gradient_accumulation_steps: Backward passes per optimizer step.
+        backend: The backend; ``None`` means :func:`accel.get_backend`.
+        loss_scale: Loss scaling for float16: ``None`` (off), ``"dynamic"``, a number
+            (static scale) or a :class:`offload.LossScaler`. The scaler works on host
+            gradients; see :class:`offload.LossScaler`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        gradient_accumulation_steps: int = 1,
+        backend: Accelerator | None = None,
+        loss_scale: float | str | LossScaler | None = None,
+    ) -> None:
+        steps = gradient_accumulation_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise OffloadConfigError(
+                f"offload: gradient_accumulation_steps must be an int >= 1, got {steps!r}."
+            )
+        self.model = model
+        self.optimizer = optimizer
+        self.gradient_accumulation_steps = steps
+        self.backend = accel.get_backend() if backend is None else backend
+        self.scaler = _scaler(loss_scale)
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.skipped_steps = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the model's forward."""
+        return self.model(*args, **kwargs)
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The current loss scale, or ``None`` without loss scaling."""
+        return None if self.scaler is None else self.scaler.scale
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next :meth:`step` steps the optimizer."""
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
+
+    def backward(
+        self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
+    ) -> torch.Tensor:
+        """Back-propagate ``loss``, divided by the accumulation steps and loss-scaled.
+
+        Args:
+            loss: A scalar (one-element) tensor that requires grad.
+            retain_graph: Passed to ``backward``.
+            scale_wrt_gas: Divide the loss by ``gradient_accumulation_steps``.
+
+        Returns:
+            The loss divided by the accumulation steps (before loss scaling), which is
+            what the gradients are the gradients of.
+
+        Raises:
+            offload.OffloadConfigError: No optimizer, or ``loss`` is not a scalar tensor
+                that requires grad.
+        """
+        if self.optimizer is None:
+            raise OffloadConfigError(
+                "offload: Engine.backward needs an optimizer to accumulate gradients for; "
+                "construct the engine with Engine(model, optimizer)."
+            )
+        if not isinstance(loss, torch.Tensor):
+            raise OffloadConfigError(
+                f"offload: Engine.backward needs the loss as a tensor, got {type(loss).__name__}."
+            )
+        if loss.numel() != 1:
+            raise OffloadConfigError(
+                f"offload: Engine.backward needs a scalar loss, got a tensor of shape "
+                f"{tuple(loss.shape)}; reduce it first (loss.mean() or loss.sum())."
+            )
+        if not loss.requires_grad:
+            raise OffloadConfigError(
+                "offload: the loss passed to Engine.backward does not require grad (computed "
+                "under torch.no_grad(), or from frozen parameters only)."
+            )
+        scaled = loss
+        if scale_wrt_gas and self.gradient_accumulation_steps > 1:
+            scaled = loss / self.gradient_accumulation_steps
+        target = scaled if self.scaler is None else self.scaler.scale_loss(scaled)
+        try:
+            target.backward(retain_graph=retain_graph)
+        except BaseException:
+            self._recover()
+            raise
+        self.backend.mark_step()
+        return scaled
+
+    def step(self) -> bool:
+        """Step the optimizer at an accumulation boundary; count the micro-step otherwise.
+
+        Returns:
+            Whether the optimizer stepped: ``False`` between boundaries, and at a
+            boundary whose gradients overflowed under loss scaling (the step is skipped,
+            a warning is logged on the ``offload`` logger and :attr:`skipped_steps`
+            grows).
+        """
+        stepped = False
+        if self.is_gradient_accumulation_boundary():
+            if self.optimizer is None:
+                raise OffloadConfigError(
+                    "offload: Engine.step needs an optimizer; construct the engine with "
+                    "Engine(model, optimizer)."
+                )
+            self.backend.synchronize()
+            found_inf = False
+            if self.scaler is not None:
+                parameters = [p for g in self.optimizer.param_groups for p in g["params"]]
+                found_inf = self.scaler.unscale_(parameters)
+            if found_inf:
+                assert self.scaler is not None
+                self.skipped_steps += 1
+                logger.warning(
+                    "offload: skipped optimizer step %d: gradients overflowed (inf/NaN) at "
+                    "loss scale %g; the next step uses a smaller scale.",
+                    self.global_steps,
+                    self.scaler.scale,
+                )
+            else:
+                self.optimizer.step()
+                stepped = True
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler is not None:
+                self.scaler.update(found_inf)
+            self.global_steps += 1
+            self.backend.mark_step()
+        self.micro_steps += 1
+        return stepped
+
+    def _recover(self) -> None:
+        for module in self.model.modules():
+            if isinstance(module, OffloadModel):
+                module.recover()
+        for handle in active_offloads(self.model):
+            handle.recover()
+
+    def __repr__(self) -> str:
+        return (
+            f"Engine(model={type(self.model).__name__}, gradient_accumulation_steps="
+            f"{self.gradient_accumulation_steps}, loss_scale={self.loss_scale}, "
+            f"micro_steps={self.micro_steps})"
+        )

@@ -1,0 +1,314 @@
+"""``OffloadModel``: train a sequential model larger than device memory.
+
+The model is split into slices balanced by parameter bytes. The slices live in pinned
+host memory and come to the device one at a time, in forward and again in backward,
+the next one loading on a copy stream while the current one computes (see
+:mod:`offload._slices` for the double buffering and :mod:`offload._pass` for the
+per-slice autograd Function). Gradients are copied back to the host as each slice's
+backward ends, so an optimizer over the host parameters can step right after
+``backward`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+import accel
+from accel import Accelerator
+
+from . import _transfer
+from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
+from ._pass import Config, Pass, parameter_bytes, run_slice
+from ._slices import Residency, SliceStorage, partition
+from ._state import State, StateMachine
+from ._transfer import HostPool, Transfers, resolve_device
+
+__all__ = ["OffloadModel"]
+
+_HOST = torch.device("cpu")
+
+
+def _layers(model: Any) -> list[nn.Module]:
+    if isinstance(model, nn.Sequential):
+        return list(model)
+    if isinstance(model, list | tuple | nn.ModuleList):
+        layers = list(model)
+        strays = [type(layer).__name__ for layer in layers if not isinstance(layer, nn.Module)]
+        if strays:
+            raise UnsupportedModelError(
+                f"offload: OffloadModel got a list whose items are not all nn.Module "
+                f"(found {', '.join(strays)}); pass a list of modules run one after the other."
+            )
+        return layers
+    raise UnsupportedModelError(
+        f"offload: OffloadModel splits a model into consecutive slices, so it needs an "
+        f"nn.Sequential or a list of modules run one after the other, not "
+        f"{type(model).__name__}. For a model with branches or skip connections use "
+        "offload.offload_parameters(model), which loads each submodule's parameters when "
+        "it runs; or express the model as nn.Sequential."
+    )
+
+
+class OffloadModel(nn.Module):
+    """Trains an ``nn.Sequential`` (or list of modules) whose parameters exceed device memory.
+
+    The constructor is compatible with fairscale's ``OffloadModel``. The layers are split
+    into ``num_slices`` consecutive slices balanced by parameter bytes. Each slice's
+    parameters and buffers are packed into host memory (pinned once, here). Forward and
+    backward bring one slice at a time to the device and load the next one on a copy
+    stream while the current one computes; at most two slices are on the device at once.
+    Gradients end up in host memory, next to the parameters, so an optimizer over
+    ``model.parameters()`` steps on the host; ``backward`` waits for the last copy, so
+    they are ready when it returns.
+
+    The layers are called as ``out = layer(*out, **kwargs)``: a tuple returned by a layer
+    becomes the next layer's positional arguments, and the keyword arguments of
+    :meth:`forward` go to every layer. Tensors and other values may cross slice
+    boundaries; tensors inside lists or dicts may not.
+
+    Example::
+
+        model = OffloadModel(nn.Sequential(*blocks), num_slices=4)
+        optimizer = torch.optim.AdamW(model.parameters())
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    Args:
+        model: An ``nn.Sequential`` or a list of modules.
+        device: Where to compute; ``None`` means ``backend.device()``.
+        offload_device: Where parameters and gradients live; must be the host (``cpu``).
+        num_slices: How many slices; at most the number of layers.
+        checkpoint_activation: Keep only the slice-boundary activations, in host memory,
+            and recompute each slice in backward through :func:`checkpointing.checkpoint`
+            (dropout and autocast are replayed exactly).
+        num_microbatches: Split the batch (every tensor whose first dimension is the batch
+            size of the first positional input) into this many micro-batches for each
+            slice's compute; the outputs are concatenated again. Layers that mix samples
+            (batch norm) then see each micro-batch on its own.
+        backend: The backend; ``None`` means :func:`accel.get_backend`.
+
+    Raises:
+        offload.UnsupportedModelError: ``model`` is neither sequential nor a list of modules.
+        offload.OffloadConfigError: More slices than layers, a bad count, a device the
+            backend cannot use, a non-host ``offload_device``, or parameters shared
+            between slices.
+
+    Limitations: backward is ``loss.backward()`` (or :meth:`offload.Engine.backward`),
+    not ``torch.autograd.grad``; one backward per forward; a slice's first layer must
+    not modify its input in place; buffers must be updated in place (as batch norm does);
+    do not call ``.to()`` on the wrapper (convert the model before wrapping it).
+    """
+
+    def __init__(
+        self,
+        model: nn.Sequential | Sequence[nn.Module],
+        device: torch.device | str | None = None,
+        offload_device: torch.device | str = _HOST,
+        num_slices: int = 3,
+        checkpoint_activation: bool = False,
+        num_microbatches: int = 1,
+        backend: Accelerator | None = None,
+    ) -> None:
+        super().__init__()
+        layers = _layers(model)
+        if not layers:
+            raise UnsupportedModelError("offload: OffloadModel got a model without layers.")
+        for name, value in (("num_slices", num_slices), ("num_microbatches", num_microbatches)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise OffloadConfigError(f"offload: {name} must be a positive int, got {value!r}.")
+        if num_slices > len(layers):
+            raise OffloadConfigError(
+                f"offload: num_slices={num_slices} is more than the model's {len(layers)} "
+                f"layers; every slice needs at least one layer. Pass num_slices <= "
+                f"{len(layers)}, or split large layers into several modules."
+            )
+        backend = accel.get_backend() if backend is None else backend
+        compute_device = resolve_device(device, backend)
+        home = torch.device(offload_device)
+        if home.type != "cpu":
+            raise OffloadConfigError(
+                f"offload: offload_device must be host memory ('cpu'), got {str(home)!r}."
+            )
+        self.module = model if isinstance(model, nn.Sequential) else nn.ModuleList(layers)
+        copy = _transfer.copies_needed(compute_device, home)
+        if not copy:
+            self.module.to(compute_device)
+        runs = partition([parameter_bytes(layer) for layer in layers], num_slices)
+        _check_not_shared(layers, runs)
+        transfers = Transfers(backend)
+        storages = [
+            SliceStorage.for_layers(
+                index, layers[run.start : run.stop], run.start, transfers, copy=copy
+            )
+            for index, run in enumerate(runs)
+        ]
+        self._backend = backend
+        self._device = compute_device
+        self._offload_device = home
+        self._runs = tuple((run.start, run.stop) for run in runs)
+        self._storages = storages
+        self._state = StateMachine("OffloadModel")
+        self._residency = Residency(storages, transfers, compute_device, copy=copy)
+        self._config = Config(
+            backend=backend,
+            device=compute_device,
+            slices=storages,
+            residency=self._residency,
+            transfers=transfers,
+            pool=HostPool(transfers),
+            state=self._state,
+            checkpoint_activation=bool(checkpoint_activation),
+            num_microbatches=num_microbatches,
+            copy=copy,
+            trainable_dummy=torch.empty(0, requires_grad=True),
+            frozen_dummy=torch.empty(0),
+        )
+        self.num_slices = num_slices
+        self.checkpoint_activation = bool(checkpoint_activation)
+        self.num_microbatches = num_microbatches
+
+    # Read-only views -------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Accelerator:
+        """The backend whose streams, events and pinned memory are used."""
+        return self._backend
+
+    @property
+    def device(self) -> torch.device:
+        """Where the slices compute."""
+        return self._device
+
+    @property
+    def offload_device(self) -> torch.device:
+        """Where parameters and gradients live between uses."""
+        return self._offload_device
+
+    @property
+    def slices(self) -> tuple[tuple[int, int], ...]:
+        """Each slice's layers as ``(start, stop)`` indices into the model."""
+        return self._runs
+
+    @property
+    def slice_bytes(self) -> tuple[int, ...]:
+        """Bytes of parameters and buffers in each slice."""
+        return tuple(storage.nbytes for storage in self._storages)
+
+    @property
+    def resident_slices(self) -> tuple[int, ...]:
+        """Indices of the slices whose parameters are in device memory now (at most two)."""
+        return self._residency.resident
+
+    @property
+    def max_resident_slices(self) -> int:
+        """The most slices that were in device memory at once since construction."""
+        return self._residency.max_resident
+
+    @property
+    def state(self) -> State:
+        """``IDLE`` between steps; ``FORWARD`` or ``BACKWARD_*`` while one runs."""
+        return self._state.state
+
+    # Behaviour -------------------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the layers on ``args`` (moved to the device), giving ``kwargs`` to each layer.
+
+        Args:
+            *args: The first layer's positional arguments; tensors move to the device.
+            **kwargs: Keyword arguments for every layer; tensors move to the device.
+
+        Returns:
+            What the last layer returns, on the device.
+
+        Raises:
+            offload.OffloadError: A value crossing a slice boundary cannot be handled (see
+                the message), or the model was called from inside its own forward.
+        """
+        if self._state.state is State.FORWARD:
+            raise OffloadError(
+                "offload: OffloadModel.forward was called while its forward is running "
+                "(a layer called the model again); a model cannot contain itself."
+            )
+        if self._state.state is not State.IDLE:
+            self.recover()
+        args = tuple(self._to_device(value) for value in args)
+        kwargs = {name: self._to_device(value) for name, value in kwargs.items()}
+        batch = next(
+            (v.shape[0] for v in args if isinstance(v, torch.Tensor) and v.dim() > 0), None
+        )
+        self._residency.invalidate()
+        self._residency.drop_pending()
+        self._state.enter(State.FORWARD, why="forward started")
+        pass_ = Pass(self._config, batch if self.num_microbatches > 1 else None)
+        values: tuple[Any, ...] = args
+        returned_tuple = True
+        try:
+            for index in range(len(self._storages)):
+                values, run = run_slice(self._config, pass_, index, values, kwargs)
+                returned_tuple = run.returned_tuple
+            if any(storage.buffers for storage in self._storages) or not torch.is_grad_enabled():
+                self._config.transfers.wait_host()
+        except BaseException:
+            self._abort(buffers_to_host=True)
+            raise
+        self._state.enter(State.IDLE, why="forward finished")
+        if not returned_tuple and len(values) == 1:
+            return values[0]
+        return values
+
+    def _to_device(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device != self._device:
+            return value.to(self._device, non_blocking=True)
+        return value
+
+    def _abort(self, *, buffers_to_host: bool) -> None:
+        self._residency.release_all(buffers_to_host=buffers_to_host)
+        self._state.reset()
+
+    def recover(self) -> None:
+        """Bring every parameter and gradient back to host memory and the state to IDLE.
+
+        Forward and backward do this themselves when they fail; call it after an
+        exception elsewhere in a step (the next forward also does it).
+        """
+        self._abort(buffers_to_host=False)
+
+    def is_home(self) -> bool:
+        """Whether every parameter and buffer is in its host memory (true between steps)."""
+        return not self._residency.attached and all(s.is_home() for s in self._storages)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> OffloadModel:
+        raise OffloadError(
+            "offload: OffloadModel keeps its parameters in host memory and moves each slice "
+            "itself, so .to(), .half() and other device or dtype conversions are not supported on "
+            "it; convert the model before wrapping it."
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"device={self._device}, offload_device={self._offload_device}, "
+            f"slices={list(self._runs)}, checkpoint_activation={self.checkpoint_activation}, "
+            f"num_microbatches={self.num_microbatches}"
+        )
+
+
+def _check_not_shared(layers: Sequence[nn.Module], runs: Sequence[range]) -> None:
+    owner: dict[int, int] = {}
+    for index, run in enumerate(runs):
+        for layer_index in run:
+            for tensor in [*layers[layer_index].parameters(), *layers[layer_index].buffers()]:
+                first = owner.setdefault(id(tensor), index)
+                if first != index:
+                    raise OffloadConfigError(
+                        f"offload: a parameter or buffer of layer {layer_index} is shared with "
+                        f"slice {first}, but it falls in slice {index}; OffloadModel moves "
+                        "each slice's tensors on their own, so shared (tied) tensors must sit "
+                        "in one slice. Put the layers that share it in one module, change "
+                        "num_slices, or use offload.offload_parameters."
+                    )

@@ -1,0 +1,405 @@
+"""One forward through the slices of an :class:`offload.OffloadModel`, and its backward.
+
+Each slice runs inside an autograd Function, :class:`SliceFunction`. Its forward loads
+the slice (prefetching the next one), computes every micro-batch, and drops the slice;
+its backward loads the slice again (prefetching the previous one, and the previous
+slice's saved inputs), back-propagates every micro-batch through the slice with a
+nested call to :func:`torch.autograd.backward`, sends the gradients to the host, and
+returns the gradients of the slice's inputs. Because a slice's whole backward happens
+inside one call, the order is fixed: slice ``i``'s backward ends before slice
+``i - 1``'s begins, whatever else the graph contains.
+
+Without ``checkpoint_activation`` the forward builds each micro-batch's graph on
+detached inputs and keeps it (activations stay on the device, as without offload).
+With it, each micro-batch runs through :func:`checkpointing.checkpoint`, which keeps
+only its inputs and recomputes the rest in backward, replaying dropout's generator
+states and autocast and calling ``backend.mark_step()`` before recomputing. Those
+inputs, the slice-boundary activations, are copied to host memory on the copy stream
+and their device memory is released (the saved tensors point at a placeholder that
+holds no memory until backward copies the values back).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel import Accelerator
+from checkpointing import checkpoint
+
+from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
+from ._errors import OffloadError
+from ._slices import Residency, SliceStorage
+from ._state import State, StateMachine
+from ._transfer import HostPool, Transfers, dense_stride, placeholder
+
+__all__ = [
+    "INVALID_USE_MESSAGE",
+    "Config",
+    "Pass",
+    "SliceFunction",
+    "SliceRun",
+    "parameter_bytes",
+    "run_slice",
+]
+
+INVALID_USE_MESSAGE = (
+    "offload: OffloadModel runs each slice's backward with a nested backward call, so it "
+    "works with loss.backward() (or Engine.backward) but not with torch.autograd.grad() "
+    "or backward(inputs=...). Call loss.backward() and read the parameters' .grad."
+)
+
+
+@dataclass
+class Config:
+    """Everything a pass needs from its model."""
+
+    backend: Accelerator
+    device: torch.device
+    slices: list[SliceStorage]
+    residency: Residency
+    transfers: Transfers
+    pool: HostPool
+    state: StateMachine
+    checkpoint_activation: bool
+    num_microbatches: int
+    copy: bool
+    trainable_dummy: torch.Tensor
+    frozen_dummy: torch.Tensor
+
+
+class Pass:
+    """One forward's slice runs, so that a slice's backward can prefetch the one before.
+
+    It holds the runs weakly: they live as long as the autograd graph that owns them.
+    """
+
+    def __init__(self, config: Config, batch: int | None) -> None:
+        self.config = config
+        self.batch = batch
+        self.first_graph: int | None = None
+        self._runs: dict[int, weakref.ref[SliceRun]] = {}
+
+    def add(self, run: SliceRun) -> None:
+        self._runs[run.index] = weakref.ref(run)
+
+    def run(self, index: int) -> SliceRun | None:
+        ref = self._runs.get(index)
+        return ref() if ref is not None else None
+
+
+@dataclass
+class _Offloaded:
+    """One slice input kept in host memory between forward and backward."""
+
+    host: torch.Tensor
+    shape: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    # Per micro-batch: the saved leaf and the rows of the input it holds (None: all).
+    leaves: list[tuple[torch.Tensor, tuple[int, int] | None]] = field(default_factory=list)
+
+
+class SliceRun:
+    """Slice ``index`` of one pass: its forward, its saved state, its backward.
+
+    Args:
+        config: The model's configuration.
+        pass_: The pass this run belongs to.
+        index: The slice.
+        spec: Where the input tensors go among the slice's arguments.
+    """
+
+    def __init__(self, config: Config, pass_: Pass, index: int, spec: Spec) -> None:
+        self.config = config
+        self.pass_ = pass_
+        self.index = index
+        self.storage = config.slices[index]
+        self.spec = spec
+        self.out_spec: Spec | None = None
+        self.returned_tuple = False
+        self._keyword = spec.keyword_indices()
+        self._bounds: list[tuple[int, int]] = []
+        self._split: list[bool] = []
+        self._needs_grad: list[bool] = []
+        self._leaves: list[list[torch.Tensor]] = []
+        self._roots: list[list[torch.Tensor]] = []
+        self._concatenated: list[bool] = []
+        self._offloaded: list[_Offloaded] = []
+        self._restored: Any = None
+        self._restore_issued = False
+        self._released = False
+        pass_.add(self)
+
+    # Forward ---------------------------------------------------------------------------
+
+    def forward(self, tensors: Sequence[torch.Tensor], *, graph: bool) -> list[torch.Tensor]:
+        """Run the slice on ``tensors``; with ``graph``, keep what its backward needs."""
+        config, residency = self.config, self.config.residency
+        residency.issue(self.index)
+        if self.index + 1 < len(config.slices):
+            residency.issue(self.index + 1)
+        batch = self.pass_.batch
+        bounds = chunk_bounds(batch, config.num_microbatches) if batch else [(0, 0)]
+        if len(bounds) == 1:
+            split = [False] * len(tensors)
+        else:
+            split = [is_batched(t, batch) for t in tensors]
+        self._bounds, self._split = bounds, split
+        self._needs_grad = [t.requires_grad for t in tensors]
+        chunks = [
+            [
+                (t.narrow(0, start, length) if split[k] else t).detach()
+                for k, t in enumerate(tensors)
+            ]
+            for start, length in bounds
+        ]
+        if graph:
+            for chunk in chunks:
+                for k, leaf in enumerate(chunk):
+                    leaf.requires_grad_(self._needs_grad[k])
+            if config.checkpoint_activation and config.copy:
+                self._offload_inputs(tensors, chunks)
+        residency.attach(self.index)
+        outputs: list[tuple[list[torch.Tensor], Spec]] = []
+        for chunk in chunks:
+            if not graph:
+                outputs.append(self._run_layers(chunk))
+            elif config.checkpoint_activation:
+                dummy = config.trainable_dummy if self.storage.trainable else config.frozen_dummy
+                with torch.enable_grad():
+                    result = checkpoint(
+                        self._checkpointed,
+                        dummy,
+                        *chunk,
+                        use_reentrant=True,
+                        backend=config.backend,
+                    )
+                assert self.out_spec is not None
+                outputs.append((list(result), self.out_spec))
+            else:
+                with torch.enable_grad():
+                    outputs.append(self._run_layers(chunk))
+        residency.detach(self.index, grads_to_host=False, buffers_to_host=True)
+        config.backend.mark_step()
+        merged, spec, concatenated = merge(outputs, bounds, self.storage.name)
+        self.out_spec = spec
+        if not graph:
+            return merged
+        self._leaves = chunks
+        self._roots = [tensors for tensors, _ in outputs]
+        self._concatenated = concatenated
+        results = [t if concatenated[k] else t.detach() for k, t in enumerate(merged)]
+        if config.checkpoint_activation:
+            # Only the checkpoints' outputs: nothing saved them, and backward needs no
+            # more than their shapes. (Without checkpointing, a root may be saved by the
+            # graph, so it keeps its memory.)
+            for roots in self._roots:
+                for root in roots:
+                    root.data = placeholder(root)
+        for offloaded in self._offloaded:
+            for leaf, _ in offloaded.leaves:
+                leaf.data = placeholder(leaf)
+        return results
+
+    def _run_layers(self, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Spec]:
+        args, kwargs = unflatten(self.spec, tensors)
+        returned_tuple = True
+        for layer in self.storage.layers:
+            out = layer(*args, **kwargs)
+            returned_tuple = isinstance(out, tuple)
+            args = out if returned_tuple else (out,)
+        self.returned_tuple = returned_tuple
+        return flatten(args, {}, where=f"a value returned by {self.storage.name}")
+
+    def _checkpointed(
+        self, dummy: torch.Tensor, *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        del dummy  # Only there so that the checkpoint has an input that requires grad.
+        outputs, spec = self._run_layers(tensors)
+        self.out_spec = spec
+        return tuple(outputs)
+
+    def _offload_inputs(
+        self, tensors: Sequence[torch.Tensor], chunks: list[list[torch.Tensor]]
+    ) -> None:
+        """Copy this slice's boundary inputs to the host, on the copy stream."""
+        transfers = self.config.transfers
+        positional = [k for k in range(len(tensors)) if k not in self._keyword]
+        if not positional:
+            return
+        transfers.copy_waits_for_compute()
+        with transfers.on_copy_stream():
+            for k in positional:
+                tensor = tensors[k]
+                host = self.config.pool.acquire(tensor)
+                host.copy_(tensor, non_blocking=transfers.non_blocking)
+                transfers.used_by(tensor, transfers.stream)
+                offloaded = _Offloaded(host, tensor.shape, dense_stride(tensor), tensor.dtype)
+                for chunk, (start, length) in zip(chunks, self._bounds, strict=True):
+                    rows = (start, length) if self._split[k] else None
+                    offloaded.leaves.append((chunk[k], rows))
+                self._offloaded.append(offloaded)
+        transfers.copy_event()
+
+    # Backward --------------------------------------------------------------------------
+
+    def issue_restore(self) -> None:
+        """Start copying this slice's offloaded inputs back to the device."""
+        if self._restore_issued or not self._offloaded:
+            return
+        self._restore_issued = True
+        config, transfers = self.config, self.config.transfers
+        with transfers.on_copy_stream() as compute:
+            for offloaded in self._offloaded:
+                device = torch.empty_strided(
+                    offloaded.shape, offloaded.stride, dtype=offloaded.dtype, device=config.device
+                )
+                device.copy_(offloaded.host, non_blocking=transfers.non_blocking)
+                transfers.used_by(device, compute)
+                for leaf, rows in offloaded.leaves:
+                    leaf.data = device if rows is None else device.narrow(0, *rows)
+                config.pool.release(offloaded.host)
+        self._restored = transfers.copy_event()
+
+    def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Back-propagate ``grads`` (for the outputs) through the slice."""
+        if self._released:
+            raise OffloadError(
+                f"offload: backward reached {self.storage.name} a second time; OffloadModel "
+                "frees each slice's graph after its backward, so backward(retain_graph=True) "
+                "followed by another backward is not supported. Run forward again."
+            )
+        config, residency, index = self.config, self.config.residency, self.index
+        config.state.enter(State.BACKWARD_PRE, why=f"backward reached {self.storage.name}")
+        try:
+            residency.issue(index, grads=True)
+            self.issue_restore()
+            first = self.pass_.first_graph
+            if first is not None and index > first:
+                residency.issue(index - 1, grads=True)
+                previous = self.pass_.run(index - 1)
+                if previous is not None:
+                    previous.issue_restore()
+            residency.attach(index, grads=True)
+            config.transfers.compute_waits(self._restored)
+            for chunk, (roots, (start, length)) in enumerate(
+                zip(self._roots, self._bounds, strict=True)
+            ):
+                pairs = []
+                for k, (root, grad) in enumerate(zip(roots, grads, strict=True)):
+                    if grad is None or not root.requires_grad:
+                        continue
+                    if self._concatenated[k] and len(self._bounds) > 1:
+                        pairs.append((root, grad.narrow(0, start, length)))
+                    elif chunk == 0:
+                        pairs.append((root, grad))
+                if pairs:
+                    torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
+            input_grads = self._input_grads()
+        except BaseException:
+            residency.detach(index, grads_to_host=False, buffers_to_host=False)
+            residency.release_all(buffers_to_host=False)
+            config.state.reset()
+            self.release()
+            raise
+        residency.detach(index, grads_to_host=True, buffers_to_host=False)
+        config.backend.mark_step()
+        self.release()
+        if index == self.pass_.first_graph:
+            config.transfers.wait_host()
+            residency.drop_pending()
+            config.state.enter(State.BACKWARD_POST, why=f"backward of {self.storage.name}")
+            config.state.enter(State.IDLE, why="backward finished")
+        else:
+            config.state.enter(State.BACKWARD_POST, why=f"backward of {self.storage.name}")
+        return input_grads
+
+    def _input_grads(self) -> list[torch.Tensor | None]:
+        result: list[torch.Tensor | None] = []
+        for k, needs in enumerate(self._needs_grad):
+            if not needs:
+                result.append(None)
+                continue
+            column = [chunk[k] for chunk in self._leaves]
+            grads = [leaf.grad for leaf in column]
+            if all(g is None for g in grads):
+                result.append(None)
+            elif len(column) == 1:
+                result.append(grads[0])
+            elif self._split[k]:
+                parts = [
+                    g if g is not None else torch.zeros_like(leaf)
+                    for g, leaf in zip(grads, column, strict=True)
+                ]
+                result.append(torch.cat(parts))
+            else:
+                total: torch.Tensor | None = None
+                for g in grads:
+                    if g is not None:
+                        total = g if total is None else total + g
+                result.append(total)
+        return result
+
+    def release(self) -> None:
+        """Drop everything kept for backward."""
+        self._released = True
+        self._leaves, self._roots, self._offloaded = [], [], []
+        self._restored = None
+
+
+class SliceFunction(torch.autograd.Function):
+    """Runs one :class:`SliceRun`; its inputs are the run, a dummy and the slice's tensors.
+
+    The dummy requires grad when the slice has trainable parameters, so that backward
+    reaches the slice even when none of its input tensors requires grad.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, run: SliceRun, dummy: torch.Tensor, *tensors: torch.Tensor) -> Any:
+        del dummy
+        outputs = run.forward(tensors, graph=True)
+        ctx.run = run
+        ctx.set_materialize_grads(False)
+        frozen = [t for t in outputs if not (t.is_floating_point() or t.is_complex())]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError(INVALID_USE_MESSAGE)
+        run: SliceRun = ctx.run
+        return (None, None, *run.backward(grads))
+
+
+def run_slice(
+    config: Config, pass_: Pass, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], SliceRun]:
+    """Run slice ``index`` on ``args`` and ``kwargs``; return its output values and run."""
+    storage = config.slices[index]
+    tensors, spec = flatten(args, kwargs, where=f"an input of {storage.name}")
+    run = SliceRun(config, pass_, index, spec)
+    graph = torch.is_grad_enabled() and (storage.trainable or any(t.requires_grad for t in tensors))
+    if graph:
+        if pass_.first_graph is None:
+            pass_.first_graph = index
+        dummy = config.trainable_dummy if storage.trainable else config.frozen_dummy
+        outputs = list(SliceFunction.apply(run, dummy, *tensors))
+    else:
+        with torch.no_grad():
+            outputs = run.forward(tensors, graph=False)
+    assert run.out_spec is not None
+    values, _ = unflatten(run.out_spec, outputs)
+    return values, run
+
+
+def parameter_bytes(layer: nn.Module) -> int:
+    """Bytes of a layer's parameters (what a slice moves, besides small buffers)."""
+    return sum(p.numel() * p.element_size() for p in layer.parameters())

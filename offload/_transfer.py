@@ -1,0 +1,251 @@
+"""Copies between host memory and the device, on a copy stream, ordered with events.
+
+Every wrapper owns one :class:`Transfers`: a copy stream made with ``backend.Stream()``
+(a null stream where the backend has none, so the same code runs everywhere) and the
+few protocol calls that order work around it:
+
+* a copy into device memory allocates its destination *on the copy stream*, so the
+  allocator never hands it memory that compute work may still read, and tells the
+  allocator with ``backend.record_stream`` that the compute stream uses it too;
+* compute waits for a copy with ``current_stream().wait_event(event)``; the copy
+  stream waits for compute with ``wait_event`` on an event recorded after the
+  compute that produced (or last read) the data;
+* a device tensor read by the copy stream is marked with ``record_stream`` before it
+  is released, so its memory is not reused while the copy still reads it;
+* the host reads a copied value only after :meth:`Transfers.wait_host` (an
+  ``event.synchronize()`` on the last copy).
+
+:class:`HostPool` keeps page-locked host buffers for activations so that each is
+pinned once, not once per step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from accel import Accelerator, AccelError
+
+from ._errors import OffloadConfigError
+
+__all__ = [
+    "HostPool",
+    "Transfers",
+    "copies_needed",
+    "dense_stride",
+    "placeholder",
+    "resolve_device",
+]
+
+
+def copies_needed(device: torch.device, offload_device: torch.device) -> bool:
+    """Return whether tensors must be copied between ``offload_device`` and ``device``.
+
+    When both are the same device (training on the host with host offload), tensors
+    stay where they are and every transfer is skipped.
+    """
+    return (device.type, device.index or 0) != (offload_device.type, offload_device.index or 0)
+
+
+def resolve_device(device: Any, backend: Accelerator) -> torch.device:
+    """Return the device to compute on: ``device``, or ``backend.device()`` for ``None``.
+
+    Raises:
+        offload.OffloadConfigError: The backend is unavailable, or ``device`` is not one of
+            its devices.
+    """
+    if not backend.is_available():
+        raise OffloadConfigError(
+            f"offload: backend {backend.name!r} is not available on this machine, so it has "
+            "no device to compute on; run `python -m accel` to see the available backends "
+            "and pass one with backend=."
+        )
+    if device is None:
+        return backend.device()
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise OffloadConfigError(f"offload: device={device!r} is not a device ({exc}).") from exc
+    if resolved.type != backend.device_type:
+        raise OffloadConfigError(
+            f"offload: device {str(resolved)!r} is not available to backend {backend.name!r}, "
+            f"which computes on {backend.device_type!r} devices; pass device=None (the "
+            f"backend's current device, {backend.device()}) or choose the backend with "
+            "backend=accel.get_backend(name)."
+        )
+    try:
+        return backend.device(resolved.index)
+    except AccelError as exc:
+        raise OffloadConfigError(
+            f"offload: device {str(resolved)!r} is not available: {exc}"
+        ) from exc
+
+
+def dense_stride(tensor: torch.Tensor) -> tuple[int, ...]:
+    """Return ``tensor``'s strides if its elements fill a dense block, else contiguous ones.
+
+    Copies keep a dense layout (channels-last weights stay channels-last), so kernels see
+    the strides they would see without offload.
+    """
+    sizes, strides = tensor.shape, tensor.stride()
+    order = sorted(range(tensor.dim()), key=lambda dim: (strides[dim], sizes[dim]))
+    expected = 1
+    for dim in order:
+        if sizes[dim] != 1 and strides[dim] != expected:
+            return _contiguous_stride(sizes)
+        expected *= sizes[dim]
+    return tuple(strides)
+
+
+def _contiguous_stride(sizes: torch.Size) -> tuple[int, ...]:
+    stride: list[int] = []
+    running = 1
+    for size in reversed(sizes):
+        stride.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+_placeholders: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_placeholder_lock = threading.Lock()
+
+
+def placeholder(like: torch.Tensor) -> torch.Tensor:
+    """Return a tensor with ``like``'s shape, dtype and device that holds no memory.
+
+    It is one zero element expanded to the shape. Swapped in as a tensor's ``.data`` it
+    releases the tensor's memory while keeping the metadata autograd checks; reading
+    it gives zeros, never freed memory.
+    """
+    key = (like.dtype, like.device)
+    with _placeholder_lock:
+        scalar = _placeholders.get(key)
+        if scalar is None:
+            scalar = torch.zeros((), dtype=like.dtype, device=like.device)
+            _placeholders[key] = scalar
+    return scalar.expand(like.shape)
+
+
+class Transfers:
+    """One copy stream and the protocol calls that order work around it.
+
+    Args:
+        backend: The backend whose streams, events and pinned memory to use.
+    """
+
+    def __init__(self, backend: Accelerator) -> None:
+        self.backend = backend
+        self.non_blocking = bool(backend.supports_pinned_memory)
+        self._stream: Any = None
+        self._last: Any = None
+
+    @property
+    def stream(self) -> Any:
+        """The copy stream, made on first use (making one may initialise the device)."""
+        if self._stream is None:
+            self._stream = self.backend.Stream()
+        return self._stream
+
+    @contextmanager
+    def on_copy_stream(self) -> Iterator[Any]:
+        """Queue the work (and allocations) of the block on the copy stream.
+
+        Yields:
+            The compute stream, i.e. the stream that was current before the block.
+        """
+        compute = self.backend.current_stream()
+        with self.backend.stream(self.stream):
+            yield compute
+
+    def copy_waits(self, event: Any) -> None:
+        """Make the copy stream wait for ``event`` (no-op for ``None``)."""
+        if event is not None:
+            self.stream.wait_event(event)
+
+    def copy_waits_for_compute(self) -> None:
+        """Make the copy stream wait for everything queued on the compute stream so far."""
+        self.stream.wait_stream(self.backend.current_stream())
+
+    def copy_event(self) -> Any:
+        """Record an event after the work queued so far on the copy stream."""
+        event = self.stream.record_event()
+        self._last = event
+        return event
+
+    def compute_event(self) -> Any:
+        """Record an event after the work queued so far on the compute stream."""
+        return self.backend.current_stream().record_event()
+
+    def compute_waits(self, event: Any) -> None:
+        """Make the compute stream wait for ``event`` (no-op for ``None``)."""
+        if event is not None:
+            self.backend.current_stream().wait_event(event)
+
+    def used_by(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Keep ``tensor``'s memory from reuse until ``stream``'s queued work is done."""
+        self.backend.record_stream(tensor, stream)
+
+    def wait_host(self) -> None:
+        """Block the host until the last copy has finished, so it can read the results."""
+        if self._last is not None:
+            self._last.synchronize()
+            self._last = None
+
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return ``tensor`` in page-locked memory where the backend supports it."""
+        return self.backend.pin_memory(tensor)
+
+
+_POOL_BUFFER = "_offload_pool_buffer"
+
+
+class HostPool:
+    """Page-locked host buffers for activations, reused across steps.
+
+    :meth:`acquire` returns a buffer at least as large as asked (the smallest free one
+    that fits, else a new one, pinned once); :meth:`release` gives it back. Copies into
+    and out of these buffers all run on one copy stream, so a released buffer can be
+    reused by the next copy without waiting.
+
+    Args:
+        transfers: Provides pinning.
+    """
+
+    def __init__(self, transfers: Transfers) -> None:
+        self._transfers = transfers
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def acquire(self, like: torch.Tensor) -> torch.Tensor:
+        """Return a contiguous host tensor with ``like``'s shape and dtype, from the pool."""
+        nbytes = like.numel() * like.element_size()
+        with self._lock:
+            fitting = [k for k, free in enumerate(self._free) if free.numel() >= nbytes]
+            best = min(fitting, key=lambda k: self._free[k].numel()) if fitting else None
+            buffer = self._free.pop(best) if best is not None else None
+        if buffer is None:
+            buffer = self._transfers.pin(torch.empty(max(nbytes, 1), dtype=torch.uint8))
+        view = buffer[:nbytes].view(like.dtype).view(like.shape)
+        # The view remembers its buffer; a view never given back is freed with it.
+        view.__dict__[_POOL_BUFFER] = buffer
+        return view
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Give back a tensor returned by :meth:`acquire`."""
+        buffer = tensor.__dict__.pop(_POOL_BUFFER, None)
+        if buffer is not None:
+            with self._lock:
+                self._free.append(buffer)
+
+    def clear(self) -> None:
+        """Drop every free buffer."""
+        with self._lock:
+            self._free.clear()
