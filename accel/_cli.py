@@ -9,6 +9,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from ._demo import add_arguments as add_demo_arguments
+from ._demo import config_from as demo_config_from
+from ._demo import run_demo
 from ._discovery import accel_version
 from ._errors import AccelError
 from ._select import BackendInfo, list_backends, plugin_failures, select_backend
@@ -39,9 +42,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "arguments go to pytest.",
     )
     conformance.add_argument("backend", help="backend name, as in ACCEL=<name>")
+    demo = commands.add_parser(
+        "demo",
+        help="train a small GPT plain, checkpointed and offloaded, and compare",
+        description="Train a small GPT three ways on the selected backend (plain, with "
+        "accel's activation checkpointing, with offload) and compare step time, memory, "
+        "final loss and gradients.",
+    )
+    add_demo_arguments(demo)
     args, extra = parser.parse_known_args(argv)
     if args.command == "conformance":
         return _run_conformance(args.backend, extra)
+    if args.command == "demo":
+        if extra:
+            demo.error(f"unrecognized arguments: {' '.join(extra)}")
+        run_demo(demo_config_from(args))
+        return 0
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return _list(as_json=args.json)

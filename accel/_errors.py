@@ -8,6 +8,7 @@ code that already catches ``LookupError`` or ``RuntimeError`` keeps working::
     ├── BackendNotFoundError       (also LookupError)   no backend has that name
     ├── BackendUnavailableError    (also RuntimeError)  known, but unusable on this machine
     ├── DeviceIndexError           (also ValueError)    a device index this backend does not have
+    ├── DistributedSetupError      (also RuntimeError)  torchrun environment missing or inconsistent
     └── PluginError                                     a backend plugin is broken
         ├── PluginLoadError                             importing it or calling its hook failed
         ├── BackendConflictError                        two plugins provide the same name
@@ -27,6 +28,7 @@ __all__ = [
     "BackendNotFoundError",
     "BackendUnavailableError",
     "DeviceIndexError",
+    "DistributedSetupError",
     "PluginError",
     "PluginLoadError",
     "PluginLoadWarning",
@@ -48,6 +50,15 @@ class BackendUnavailableError(AccelError, RuntimeError):
 
 class DeviceIndexError(AccelError, ValueError):
     """A device index outside what the backend offers in this process."""
+
+
+class DistributedSetupError(AccelError, RuntimeError):
+    """The distributed environment is missing, inconsistent, or already initialised.
+
+    Raised by :func:`accel.distributed.init_process_group` before anything was changed:
+    no device was bound and no process group exists. Messages begin with
+    ``accel.distributed:``.
+    """
 
 
 class PluginError(AccelError):

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ._errors import AccelError, DeviceIndexError
+from ._errors import DeviceIndexError, DistributedSetupError
 from ._protocol import Accelerator
 
 if TYPE_CHECKING:
@@ -62,14 +62,6 @@ _LAUNCH_HINT = (
     "Launch with torchrun (python -m torch.distributed.run --nproc_per_node=N script.py), "
     "which sets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"
 )
-
-
-class DistributedSetupError(AccelError, RuntimeError):
-    """The distributed environment is missing, inconsistent, or already initialised.
-
-    Raised by :func:`init_process_group` before anything was changed: no device was
-    bound and no process group exists. Messages begin with ``accel.distributed:``.
-    """
 
 
 def _error(message: str) -> DistributedSetupError:

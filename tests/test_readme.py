@@ -24,7 +24,7 @@ def test_readme_opens_with_the_two_commands() -> None:
     first_block = re.search(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert first_block is not None
     assert first_block.group(1).splitlines() == [
-        "python -m pip install -e . && python -m accel",
+        "python -m pip install -e . && python -m accel demo",
         "python -m pip install -e '.[test]' && python -m pytest",
     ]
 

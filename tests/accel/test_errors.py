@@ -21,6 +21,7 @@ from accel import (
         (BackendNotFoundError, (AccelError, LookupError)),
         (BackendUnavailableError, (AccelError, RuntimeError)),
         (DeviceIndexError, (AccelError, ValueError)),
+        (accel.DistributedSetupError, (AccelError, RuntimeError)),
         (PluginLoadError, (PluginError, AccelError)),
         (BackendConflictError, (PluginError, AccelError)),
         (ProtocolViolationError, (PluginError, AccelError, TypeError)),
