@@ -18,6 +18,7 @@ The contract, written down (DeepSpeed's engine leaves parts of it implicit):
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -95,8 +96,21 @@ class Engine:
         self.skipped_steps = 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model's forward."""
-        return self.model(*args, **kwargs)
+        """Run the model's forward.
+
+        Between accumulation boundaries a model with ``no_sync()`` (``torch.nn.parallel.
+        DistributedDataParallel``) runs inside it, so gradients are all-reduced only at
+        boundaries; the forward must therefore go through the engine.
+        """
+        with self._gradient_sync():
+            return self.model(*args, **kwargs)
+
+    def _gradient_sync(self) -> AbstractContextManager[Any]:
+        no_sync = getattr(self.model, "no_sync", None)
+        if no_sync is None or self.is_gradient_accumulation_boundary():
+            return nullcontext()
+        context: AbstractContextManager[Any] = no_sync()
+        return context
 
     @property
     def loss_scale(self) -> float | None:
@@ -149,7 +163,8 @@ class Engine:
             scaled = loss / self.gradient_accumulation_steps
         target = scaled if self.scaler is None else self.scaler.scale_loss(scaled)
         try:
-            target.backward(retain_graph=retain_graph)
+            with self._gradient_sync():
+                target.backward(retain_graph=retain_graph)
         except BaseException:
             self._recover()
             raise

@@ -684,3 +684,24 @@ def test_fsdp2_with_checkpoint_matches_one_process(
             torch.testing.assert_close(
                 case["params"][name], expected, **PARAM_TOLERANCE, msg=lambda m, n=name: f"{n}: {m}"
             )
+
+
+@pytest.fixture(scope="module")
+def engine_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return torchrun("engine_ddp.py", tmp_path_factory.mktemp("engine"))
+
+
+def test_engine_all_reduces_only_at_accumulation_boundaries(
+    engine_results: list[dict[str, Any]],
+) -> None:
+    for results in engine_results:
+        assert results["reduces"] == [0, 0, 1, 0, 0, 1]
+
+
+def test_engine_under_ddp_matches_one_process(engine_results: list[dict[str, Any]]) -> None:
+    for results in engine_results:
+        for distributed, alone in zip(results["distributed"], results["alone"], strict=True):
+            torch.testing.assert_close(distributed, alone, **GRAD_TOLERANCE)
+    first, second = engine_results
+    for a, b in zip(first["distributed"], second["distributed"], strict=True):
+        assert torch.equal(a, b)
