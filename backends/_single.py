@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -13,7 +14,7 @@ from ._null import WithoutDeviceMemory, WithoutStreams
 __all__ = ["SingleDeviceBackend"]
 
 
-class SingleDeviceBackend(WithoutStreams, WithoutDeviceMemory):
+class SingleDeviceBackend(WithoutStreams, WithoutDeviceMemory, ABC):
     """One device (index 0), null streams and events, no pinned memory, ``gloo``.
 
     Subclasses set ``name``, ``device_type``, ``is_asynchronous`` and ``the_device``, and
@@ -47,13 +48,29 @@ class SingleDeviceBackend(WithoutStreams, WithoutDeviceMemory):
     def mark_step(self) -> None:
         """Do nothing: the device runs eagerly."""
 
-    def get_rng_state(self) -> torch.Tensor:
-        """Return the generator state."""
-        raise NotImplementedError
+    @abstractmethod
+    def is_available(self) -> bool:
+        """Return whether the device is usable."""
 
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait for all queued work."""
+
+    @abstractmethod
+    def manual_seed(self, seed: int) -> None:
+        """Seed the device generator."""
+
+    @abstractmethod
+    def get_rng_state(self) -> torch.Tensor:
+        """Return the device generator state."""
+
+    @abstractmethod
     def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore the generator state."""
-        raise NotImplementedError
+        """Restore the device generator state."""
+
+    @abstractmethod
+    def empty_cache(self) -> None:
+        """Release cached device memory where the device keeps any."""
 
     def fork_rng(self, enabled: bool = True) -> AbstractContextManager[None]:
         """Return a context that restores the CPU and device generators on exit."""
