@@ -14,7 +14,6 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -211,32 +210,24 @@ def _prepare(variant: str, model: Any, backend: Any) -> Any:
 class _MemoryMeter:
     """Activation memory: device statistics where the backend has them, else saved bytes."""
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, parameters: list[Any]) -> None:
+        from checkpointing import SavedTensorMeter
+
         self.backend = backend
         self.device_stats = bool(backend.supports_memory_stats)
         self.kind = "device peak" if self.device_stats else "autograd-saved tensors"
-        self.saved = 0
+        self.saved = SavedTensorMeter(exclude=parameters)
 
     def current(self) -> int:
-        return int(self.backend.memory_allocated()) if self.device_stats else self.saved
+        return int(self.backend.memory_allocated()) if self.device_stats else self.saved.bytes
 
-    @contextmanager
-    def counting(self) -> Iterator[None]:
-        import torch
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            if not isinstance(tensor, torch.nn.Parameter):
-                self.saved += tensor.numel() * tensor.element_size()
-            return tensor
-
-        self.saved = 0
+    def counting(self) -> Any:
         if self.device_stats:
             self.backend.reset_peak_memory_stats()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            yield
+        return self.saved
 
     def peak(self) -> int:
-        return int(self.backend.max_memory_allocated()) if self.device_stats else self.saved
+        return int(self.backend.max_memory_allocated()) if self.device_stats else self.saved.bytes
 
 
 def _train(variant: str, config: DemoConfig) -> RunResult:
@@ -249,7 +240,7 @@ def _train(variant: str, config: DemoConfig) -> RunResult:
     backend.manual_seed(config.seed)
     model = _build_model(config)
     parameters = list(model.parameters())
-    meter = _MemoryMeter(backend)
+    meter = _MemoryMeter(backend, parameters)
     layer_memory: list[int] = []
     hooks = [
         layer.register_forward_hook(lambda *_: layer_memory.append(meter.current()))

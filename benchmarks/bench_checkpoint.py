@@ -53,6 +53,7 @@ from torch import nn
 import accel
 import checkpointing
 from accel import Accelerator
+from checkpointing import SavedTensorMeter
 
 VARIANTS = (
     "none",
@@ -136,18 +137,9 @@ class Workload:
 
     def saved_bytes(self, variant: str) -> int:
         """Bytes of distinct non-parameter storages autograd holds after the forward."""
-        parameters = {p.untyped_storage().data_ptr() for p in self.models[variant].parameters()}
-        storages: dict[int, int] = {}
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in parameters:
-                storages[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with SavedTensorMeter(exclude=self.models[variant].parameters()) as meter:
             loss = self.forward_loss(variant)
-        held = sum(storages.values())
+        held = meter.bytes
         loss.backward()
         self.models[variant].zero_grad(set_to_none=True)
         return held

@@ -21,13 +21,15 @@ Public names:
   submodules in place, optionally keeping their inputs in host memory
   (``offload_to_cpu``);
 * :func:`is_recomputing`: whether this thread is re-running a checkpointed function;
-* :class:`CheckpointError`: a recomputation that does not match its forward.
+* :class:`CheckpointError`: a recomputation that does not match its forward;
+* :class:`SavedTensorMeter`: the bytes autograd keeps for backward, on any device.
 """
 
 from __future__ import annotations
 
 from ._checkpoint import checkpoint
 from ._errors import CheckpointError
+from ._measure import SavedTensorMeter
 from ._sequential import checkpoint_sequential
 from ._state import is_recomputing
 from ._wrapper import CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper
@@ -35,6 +37,7 @@ from ._wrapper import CheckpointWrapper, apply_activation_checkpointing, checkpo
 __all__ = [
     "CheckpointError",
     "CheckpointWrapper",
+    "SavedTensorMeter",
     "apply_activation_checkpointing",
     "checkpoint",
     "checkpoint_sequential",

@@ -12,7 +12,12 @@ import torch
 from torch import nn
 
 from accel import Accelerator
-from checkpointing import apply_activation_checkpointing, checkpoint, checkpoint_wrapper
+from checkpointing import (
+    SavedTensorMeter,
+    apply_activation_checkpointing,
+    checkpoint,
+    checkpoint_wrapper,
+)
 from checkpointing._non_reentrant import _Frame, _Holder
 from checkpointing._offload import HostCopy
 from checkpointing._state import ForwardState
@@ -107,19 +112,10 @@ def _saved_activation_bytes(
     model: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
 ) -> int:
     """Bytes of non-parameter storages autograd holds after the forward."""
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with SavedTensorMeter(exclude=model.parameters()) as meter:
         out = run(x)
     out.sum().backward()
-    return sum(storages.values())
+    return meter.bytes
 
 
 @pytest.mark.parametrize("reentrant", MODES)
