@@ -24,20 +24,6 @@ from .cpu import CpuBackend
 
 __all__ = ["Call", "RecordingBackend", "accel_backends"]
 
-# Members whose reads are not calls: recording them would drown the calls in noise.
-_ATTRIBUTES = frozenset(
-    {
-        "name",
-        "device_type",
-        "is_lazy",
-        "is_asynchronous",
-        "supports_streams",
-        "supports_pinned_memory",
-        "supports_memory_stats",
-        "communication_backend",
-    }
-)
-
 
 @dataclass(frozen=True)
 class Call:
@@ -70,7 +56,8 @@ class RecordingBackend:
         if member not in protocol_members() or member == "name":
             raise AttributeError(f"{type(self).__name__} has no attribute {member!r}")
         value = getattr(self._inner, member)
-        if member in _ATTRIBUTES or not callable(value):
+        # Attributes (name, device_type, capability flags) are values, not calls.
+        if not callable(value):
             return value
         return self._recorder(member, value)
 
