@@ -18,7 +18,7 @@ import pluggy
 
 from . import _env
 from ._errors import PluginLoadError, PluginLoadWarning
-from ._hookspecs import PROJECT_NAME, BackendHookSpecs
+from ._hookspecs import DISTRIBUTION_NAME, PROJECT_NAME, BackendHookSpecs
 from ._spec import BackendSpec
 
 __all__ = [
@@ -97,7 +97,7 @@ class Catalog:
 def accel_version() -> str:
     """Return the installed accel version, or ``0+unknown`` when run from a bare checkout."""
     try:
-        return metadata.version(PROJECT_NAME)
+        return metadata.version(DISTRIBUTION_NAME)
     except metadata.PackageNotFoundError:
         return "0+unknown"
 

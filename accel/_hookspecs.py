@@ -8,9 +8,11 @@ import pluggy
 
 from ._spec import BackendSpec
 
-__all__ = ["PROJECT_NAME", "BackendHookSpecs", "hookimpl"]
+__all__ = ["DISTRIBUTION_NAME", "PROJECT_NAME", "BackendHookSpecs", "hookimpl"]
 
 PROJECT_NAME = "accel"
+# The name on the package index; "accel" there is an unrelated chemistry package.
+DISTRIBUTION_NAME = "accel-hal"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

@@ -119,10 +119,12 @@ class _Frame:
             else:
                 self.saved_indices.append(index)
                 saved.append(value)
-        self.saver: Any = None
+        # The saver's output is kept, not only its node: before torch 2.13 a custom
+        # Function's node frees its saved tensors once its last output is collected.
+        self.saver: torch.Tensor | None = None
         if saved:
             dummy = torch.empty((0,), requires_grad=True)
-            self.saver = _SaveInputs.apply(dummy, *saved).grad_fn
+            self.saver = _SaveInputs.apply(dummy, *saved)
         self.holders: list[weakref.ReferenceType[_Holder]] = []
         self.metadata: list[_Metadata] = []
 
@@ -155,7 +157,8 @@ class _Frame:
     def _inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         values = list(self.layout)
         if self.saver is not None:
-            for index, tensor in zip(self.saved_indices, self.saver.saved_tensors, strict=True):
+            saved: tuple[torch.Tensor, ...] = self.saver.grad_fn.saved_tensors  # type: ignore[union-attr]
+            for index, tensor in zip(self.saved_indices, saved, strict=True):
                 values[index] = tensor.detach().requires_grad_(tensor.requires_grad)
         for index, host_copy in self.host_copies.items():
             values[index] = restore(host_copy, self.options.backend)

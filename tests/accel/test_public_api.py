@@ -37,7 +37,7 @@ def test_every_public_name_has_a_docstring() -> None:
 def test_version_is_the_installed_one() -> None:
     from importlib.metadata import version
 
-    assert accel.__version__ == version("accel")
+    assert accel.__version__ == version("accel-hal")
 
 
 def test_unknown_attribute_raises() -> None:

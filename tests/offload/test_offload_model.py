@@ -150,10 +150,10 @@ def test_parity_with_plain_model(
         num_microbatches=num_microbatches,
     )
     actual = train(model, batches, OPTIMIZERS[optimizer])
+    # Micro-batches run the same layers on fewer rows: a GEMM over 4 or 3 rows may round
+    # differently from one over 10 (AVX-512 kernels block by row count), so only the
+    # unsplit runs are compared bit for bit.
     exact = num_microbatches == 1
-    # The first step's outputs are exact even with micro-batches (each row is computed
-    # alone); later ones inherit the weights' tolerance.
-    assert_tensors(actual[0][:1], expected[0][:1], exact=True)
     assert_tensors(actual[0], expected[0], exact)
     for step_grads, step_expected in zip(actual[1], expected[1], strict=True):
         assert_tensors(step_grads, step_expected, exact)

@@ -1,0 +1,58 @@
+"""The supported versions are stated once and agree everywhere they appear.
+
+pyproject.toml declares the floors, .ci/matrix runs the oldest and newest cells, and the
+README's "Supported versions" table lists them; a change to one without the others fails.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = (ROOT / "pyproject.toml").read_text()
+MATRIX = (ROOT / ".ci" / "matrix").read_text()
+README = (ROOT / "README.md").read_text()
+
+
+def _matrix(name: str) -> str:
+    found = re.search(rf"\b{name}=(\S+)", MATRIX)
+    assert found is not None, f".ci/matrix sets no {name}"
+    return found.group(1)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+
+
+def test_distribution_name_is_our_own() -> None:
+    assert re.search(r'^name = "accel-hal"$', PYPROJECT, flags=re.MULTILINE)
+    plugin = (ROOT / "examples" / "accel-reproducible-cpu" / "pyproject.toml").read_text()
+    assert 'dependencies = ["accel-hal>=0.1"]' in plugin
+    assert 'dependencies = ["accel-hal>=0.1"]' in README
+    assert '"accel>=' not in README + plugin
+
+
+def test_floors_are_the_matrix_oldest_cell() -> None:
+    python_floor = re.search(r'requires-python = ">=(\d+\.\d+)"', PYPROJECT)
+    torch_floor = re.search(r'"torch>=(\d+\.\d+)"', PYPROJECT)
+    assert python_floor is not None and torch_floor is not None
+    assert _matrix("OLDEST_PYTHON") == python_floor.group(1)
+    assert _release(_matrix("OLDEST_TORCH")) == _release(torch_floor.group(1))
+    assert f"| {_matrix('OLDEST_PYTHON')} | {_matrix('OLDEST_TORCH')} " in README
+    assert f"| {_matrix('NEWEST_PYTHON')} | {_matrix('NEWEST_TORCH')} " in README
+
+
+def test_running_versions_are_supported() -> None:
+    python_floor = re.search(r'requires-python = ">=(\d+)\.(\d+)"', PYPROJECT)
+    assert python_floor is not None
+    assert sys.version_info[:2] >= (int(python_floor.group(1)), int(python_floor.group(2)))
+    assert _release(torch.__version__) >= _release(_matrix("OLDEST_TORCH"))
+
+
+def test_classifiers_cover_the_matrix() -> None:
+    for minor in range(int(_matrix("OLDEST_PYTHON").split(".")[1]), 14):
+        assert f'"Programming Language :: Python :: 3.{minor}",' in PYPROJECT
