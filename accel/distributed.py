@@ -42,8 +42,10 @@ import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
+from ._compat import FSDP2_MIN_RELEASE_OFF_CUDA, fsdp2_fully_shard, torch_release
 from ._errors import DeviceIndexError, DistributedSetupError
 from ._protocol import Accelerator
 
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DistributedSetupError",
+    "fully_shard",
     "get_rank",
     "get_world_size",
     "init_process_group",
@@ -333,3 +336,39 @@ def get_world_size(group: dist.ProcessGroup | None = None) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         return 1
     return dist.get_world_size(group)
+
+
+def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
+    """Shard ``module`` with FSDP2, on every supported torch release.
+
+    The same as ``torch.distributed.fsdp.fully_shard`` (public since torch 2.6), which
+    torch 2.4 and 2.5 ship as ``torch.distributed._composable.fsdp.fully_shard``; one
+    import works on every release accel supports. Shard each (checkpointed) block, then
+    the root, after :func:`init_process_group`.
+
+    Args:
+        module: The module to shard, in place.
+        **kwargs: Passed on to torch's ``fully_shard`` (``mesh``, ``reshard_after_forward``,
+            ``mp_policy``, ...).
+
+    Returns:
+        What torch's ``fully_shard`` returns: ``module``, now an FSDP module.
+
+    Raises:
+        DistributedSetupError: The mesh is on the CPU (``mesh`` with device type ``cpu``,
+            or no mesh and a gloo process group) and torch is older than 2.6, whose FSDP2
+            runs only on CUDA; nothing was changed.
+    """
+    mesh = kwargs.get("mesh")
+    if mesh is not None:
+        device_type = str(getattr(mesh, "device_type", "cpu"))
+    else:
+        device_type = "cpu" if dist.is_initialized() and dist.get_backend() == "gloo" else ""
+    if device_type == "cpu" and torch_release() < FSDP2_MIN_RELEASE_OFF_CUDA:
+        needed = ".".join(map(str, FSDP2_MIN_RELEASE_OFF_CUDA))
+        raise _error(
+            f"FSDP2 (fully_shard) on the CPU needs torch {needed} or newer, and this is torch "
+            f"{torch.__version__}, whose FSDP2 runs only on CUDA devices. Upgrade torch, "
+            "shard on CUDA devices, or use DistributedDataParallel on the CPU."
+        )
+    return fsdp2_fully_shard()(module, **kwargs)

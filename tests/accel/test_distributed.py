@@ -31,6 +31,7 @@ import torch.distributed as dist
 import accel
 import accel.distributed
 from accel import AccelError
+from accel._compat import FSDP2_MIN_RELEASE_OFF_CUDA, fsdp2_fully_shard, torch_release
 from accel.distributed import DistributedSetupError
 from backends._common import checked_index
 from backends.cpu import CpuBackend
@@ -607,9 +608,43 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]
     return torchrun("ddp_checkpoint.py", tmp_path_factory.mktemp("ddp"))
 
 
+FSDP2_ON_CPU = torch_release() >= FSDP2_MIN_RELEASE_OFF_CUDA
+FSDP2_CPU_REASON = (
+    f"FSDP2 on the CPU needs torch {'.'.join(map(str, FSDP2_MIN_RELEASE_OFF_CUDA))} or newer "
+    f"(this is {torch.__version__}, whose FSDP2 runs only on CUDA)"
+)
+
+
 @pytest.fixture(scope="module")
 def fsdp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    if not FSDP2_ON_CPU:
+        pytest.skip(FSDP2_CPU_REASON)
     return torchrun("fsdp_checkpoint.py", tmp_path_factory.mktemp("fsdp"))
+
+
+@pytest.mark.skipif(FSDP2_ON_CPU, reason="this torch runs FSDP2 on the CPU: nothing to refuse")
+def test_fully_shard_refuses_the_cpu_where_torch_cannot(tmp_path: Path) -> None:
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        layer = torch.nn.Linear(2, 2)
+        before = {name: p.clone() for name, p in layer.named_parameters()}
+        with pytest.raises(DistributedSetupError, match=r"FSDP2 \(fully_shard\) on the CPU needs"):
+            accel.distributed.fully_shard(layer)
+        assert all(type(p) is torch.nn.Parameter for p in layer.parameters())  # not sharded
+        for name, p in layer.named_parameters():
+            assert torch.equal(p, before[name])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fully_shard_is_torchs_fsdp2() -> None:
+    for module_name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        module = __import__(module_name, fromlist=["fully_shard"])
+        if hasattr(module, "fully_shard"):
+            assert fsdp2_fully_shard() is module.fully_shard
+            return
+    pytest.fail("this torch has no FSDP2 fully_shard at either location")
 
 
 def test_torchrun_init_process_group(ddp_results: list[dict[str, Any]]) -> None:

@@ -2,7 +2,7 @@
 
 A small causal transformer; every block is wrapped by
 ``checkpointing.apply_activation_checkpointing`` and then sharded with
-``torch.distributed.fsdp.fully_shard``. Each rank trains on half of each batch for a few
+``accel.distributed.fully_shard`` (torch's FSDP2 on every release). Each rank trains on half of each batch for a few
 SGD steps; the job's loss per step (the mean of the ranks' losses) and the final
 parameters are saved next to those of this process alone, on the full batch, without
 FSDP and without checkpointing, to ``$ACCEL_TEST_OUT/rank<RANK>.pt``.
@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import fully_shard
 
 import accel.distributed
+from accel.distributed import fully_shard
 from checkpointing import CheckpointWrapper, apply_activation_checkpointing, is_recomputing
 
 VOCAB, WIDTH, HEADS, LAYERS, STEPS = 32, 16, 2, 2, 4

@@ -1,0 +1,63 @@
+"""Differences between the torch releases accel supports (2.4 to 2.15), in one place.
+
+Each entry names the release that changed what it papers over. Code elsewhere imports
+from here instead of comparing version numbers, so an old release can be dropped by
+deleting its entry.
+
+Not differences, kept here so nobody re-adds a version check for them:
+
+- ``checkpointing``'s non-reentrant checkpoint keeps its input saver's *output* alive,
+  not only the saver's node: before torch 2.13 a custom Function's node frees its saved
+  tensors once its last output is collected ("Trying to backward through the graph a
+  second time" when they are read). Keeping the output works on every release.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, cast
+
+__all__ = ["FSDP2_MIN_RELEASE_OFF_CUDA", "fsdp2_fully_shard", "torch_release"]
+
+
+def torch_release() -> tuple[int, int]:
+    """Return the installed torch's (major, minor), e.g. ``(2, 4)`` for ``2.4.1+cu121``."""
+    import torch
+
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+# torch 2.4's FSDP2 creates torch.cuda streams whatever the mesh's device ("CUDA driver
+# version is insufficient" on a CPU/gloo mesh); torch 2.6 takes them from the mesh's device
+# (checked with 2.4.1 and 2.6.0 on CPU; 2.5 not checked, so it is refused as well).
+FSDP2_MIN_RELEASE_OFF_CUDA = (2, 6)
+
+# torch 2.6 made FSDP2 public as torch.distributed.fsdp.fully_shard; 2.4 and 2.5 ship the
+# same function as torch.distributed._composable.fsdp.fully_shard.
+_FULLY_SHARD_MODULES = ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")
+
+
+def fsdp2_fully_shard() -> Callable[..., Any]:
+    """Return FSDP2's ``fully_shard`` from wherever this torch release keeps it.
+
+    Raises:
+        ImportError: This torch build has no FSDP2 (built without distributed support).
+    """
+    for module_name in _FULLY_SHARD_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        function = getattr(module, "fully_shard", None)
+        if callable(function):
+            return cast("Callable[..., Any]", function)
+    import torch
+
+    raise ImportError(
+        f"torch {torch.__version__} has no FSDP2 fully_shard (looked in "
+        f"{' and '.join(_FULLY_SHARD_MODULES)}): it needs torch 2.4 or newer built with "
+        "distributed support (torch.distributed.is_available()). Install such a build, "
+        "or use DistributedDataParallel."
+    )
