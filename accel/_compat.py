@@ -29,10 +29,12 @@ def torch_release() -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
-# torch 2.4's FSDP2 creates torch.cuda streams whatever the mesh's device ("CUDA driver
-# version is insufficient" on a CPU/gloo mesh); torch 2.6 takes them from the mesh's device
-# (checked with 2.4.1 and 2.6.0 on CPU; 2.5 not checked, so it is refused as well).
-FSDP2_MIN_RELEASE_OFF_CUDA = (2, 6)
+# FSDP2 off CUDA: torch 2.4 and 2.5 create torch.cuda streams whatever the mesh's device
+# ("CUDA driver version is insufficient" on a gloo/CPU mesh); 2.6 takes the mesh's device,
+# but its CPU stream lacks record_event ("'Stream' object has no attribute 'record_event'"),
+# which pytorch/pytorch#145935 added for 2.7. Seen failing here with 2.4.1 and 2.6.0,
+# passing with 2.13.0 and 2.15.0.
+FSDP2_MIN_RELEASE_OFF_CUDA = (2, 7)
 
 # torch 2.6 made FSDP2 public as torch.distributed.fsdp.fully_shard; 2.4 and 2.5 ship the
 # same function as torch.distributed._composable.fsdp.fully_shard.

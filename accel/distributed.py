@@ -356,7 +356,7 @@ def fully_shard(module: torch.nn.Module, **kwargs: Any) -> Any:
 
     Raises:
         DistributedSetupError: The mesh is on the CPU (``mesh`` with device type ``cpu``,
-            or no mesh and a gloo process group) and torch is older than 2.6, whose FSDP2
+            or no mesh and a gloo process group) and torch is older than 2.7, whose FSDP2
             runs only on CUDA; nothing was changed.
     """
     mesh = kwargs.get("mesh")
