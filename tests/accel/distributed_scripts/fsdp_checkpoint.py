@@ -2,11 +2,11 @@
 
 A small causal transformer; every block is wrapped by
 ``checkpointing.apply_activation_checkpointing`` and then sharded with
-``accel.distributed.fully_shard`` (torch's FSDP2 on every release). Each rank trains on half of each batch for a few
-SGD steps; the job's loss per step (the mean of the ranks' losses) and the final
-parameters are saved next to those of this process alone, on the full batch, without
-FSDP and without checkpointing, to ``$ACCEL_TEST_OUT/rank<RANK>.pt``.
-tests/accel/test_distributed.py compares.
+``accel.distributed.fully_shard`` (torch's FSDP2 on every release). Each rank trains on
+half of each batch for a few SGD steps; the job's loss per step (the mean of the ranks'
+losses) and the final parameters are saved next to those of this process alone, on the
+full batch, without FSDP and without checkpointing, to
+``$ACCEL_TEST_OUT/rank<RANK>.pt``. tests/accel/test_distributed.py compares.
 """
 
 from __future__ import annotations
