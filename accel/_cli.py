@@ -89,7 +89,14 @@ def _dispatch(
 def _run_conformance(backend: str, pytest_args: Sequence[str]) -> int:
     import pytest
 
-    arguments = ["-p", "accel.testing", "--pyargs", "accel.conformance", f"--accel={backend}"]
+    arguments = [
+        "-p",
+        "accel.testing",
+        "--pyargs",
+        "accel.conformance",
+        f"--accel={backend}",
+        f"--accel-origin=`{_PROG} conformance {backend}`",
+    ]
     return int(pytest.main([*arguments, *pytest_args]))
 
 
