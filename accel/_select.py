@@ -132,13 +132,11 @@ def get_backend(name: str | None = None) -> Accelerator:
     if name is not None:
         try:
             return _by_name[name]
-        except KeyError:
-            _check_name_type(name)
-            backend = _by_name[name] = _resolve(name)
-            return backend
-        except TypeError:  # unhashable, so certainly not a str
-            _check_name_type(name)
-            raise
+        except (KeyError, TypeError):  # TypeError: unhashable, so certainly not a str
+            pass
+        _check_name_type(name)
+        backend = _by_name[name] = _resolve(name)
+        return backend
     raw_accel = _env.raw_selected_name()
     cached = _by_environment.get(raw_accel)
     if cached is None:
