@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING
 from ._discovery import PluginFailure, Provider
 from ._errors import (
     AccelError,
+    AccelTypeError,
     BackendConflictError,
+    BackendFallbackWarning,
     BackendNotFoundError,
     BackendUnavailableError,
+    ConfigurationError,
     DeviceIndexError,
     DistributedSetupError,
     PluginError,
@@ -43,13 +46,16 @@ from ._spec import Availability, BackendSpec
 
 __all__ = [
     "AccelError",
+    "AccelTypeError",
     "Accelerator",
     "Availability",
     "BackendConflictError",
+    "BackendFallbackWarning",
     "BackendInfo",
     "BackendNotFoundError",
     "BackendSpec",
     "BackendUnavailableError",
+    "ConfigurationError",
     "DeviceIndexError",
     "DistributedSetupError",
     "Event",

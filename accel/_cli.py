@@ -1,4 +1,9 @@
-"""``python -m accel``: show every backend, and which one ``get_backend()`` would pick."""
+"""``python -m accel``: show every backend, and which one ``get_backend()`` would pick.
+
+Expected errors (an :class:`accel.AccelError`: a bad ``ACCEL`` for ``demo``, a broken
+plugin under ``ACCEL_STRICT_PLUGINS=1``, a bad flag value) print one sentence on stderr
+and exit with status 1; ``--json`` then prints ``{"error": ...}`` instead.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -13,8 +19,8 @@ from ._demo import add_arguments as add_demo_arguments
 from ._demo import config_from as demo_config_from
 from ._demo import run_demo
 from ._discovery import accel_version
-from ._errors import AccelError
-from ._select import BackendInfo, list_backends, plugin_failures, select_backend
+from ._errors import AccelError, BackendFallbackWarning
+from ._select import BackendInfo, get_backend, list_backends, plugin_failures, select_backend
 
 __all__ = ["main"]
 
@@ -25,12 +31,13 @@ _REASON_TEXT = {
     "fallback": "fallback: no accelerator was found",
 }
 _COLUMNS = ("backend", "provider", "version", "status", "devices", "priority")
+_PROG = "python -m accel"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m accel",
+        prog=_PROG,
         description="List accel backends and show which one get_backend() would pick.",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -51,6 +58,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_demo_arguments(demo)
     args, extra = parser.parse_known_args(argv)
+    try:
+        return _dispatch(args, extra, parser, demo)
+    except AccelError as exc:
+        if args.command is None and args.json:
+            _write_json({"error": str(exc)}, sys.stdout)
+        else:
+            sys.stderr.write(f"{_PROG}: error: {exc}\n")
+        return 1
+
+
+def _dispatch(
+    args: argparse.Namespace,
+    extra: list[str],
+    parser: argparse.ArgumentParser,
+    demo: argparse.ArgumentParser,
+) -> int:
     if args.command == "conformance":
         return _run_conformance(args.backend, extra)
     if args.command == "demo":
@@ -66,18 +89,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_conformance(backend: str, pytest_args: Sequence[str]) -> int:
     import pytest
 
-    arguments = ["-p", "accel.testing", "--pyargs", "accel.conformance", f"--accel={backend}"]
+    arguments = [
+        "-p",
+        "accel.testing",
+        "--pyargs",
+        "accel.conformance",
+        f"--accel={backend}",
+        f"--accel-origin=`{_PROG} conformance {backend}`",
+    ]
     return int(pytest.main([*arguments, *pytest_args]))
 
 
 def _list(*, as_json: bool) -> int:
     report = _report()
     if as_json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _write_json(report, sys.stdout)
     else:
         _print_table(report, sys.stdout)
     return 0
+
+
+def _write_json(report: dict[str, Any], out: TextIO) -> None:
+    json.dump(report, out, indent=2)
+    out.write("\n")
 
 
 def _report() -> dict[str, Any]:
@@ -85,8 +119,13 @@ def _report() -> dict[str, Any]:
 
     backends = list_backends()
     try:
+        # Create the pick, so that a backend whose factory fails is reported (and
+        # auto-detection's fallback shown) here rather than in the user's program.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BackendFallbackWarning)
+            get_backend()
         selection = select_backend()
-        selected: dict[str, str] | None = dataclasses.asdict(selection)
+        selected: dict[str, Any] | None = dataclasses.asdict(selection)
         selection_error = None
     except AccelError as exc:
         selected, selection_error = None, str(exc)
@@ -130,11 +169,12 @@ def _print_table(report: dict[str, Any], out: TextIO) -> None:
         cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
         out.write("  ".join(cells).rstrip())
         out.write("\n")
-    unavailable = [info for info in report["backends"] if not info["available"]]
-    if unavailable:
+    # A conflicted name has one row per provider, all with the same reason: print it once.
+    reasons = {info["name"]: info["reason"] for info in report["backends"] if not info["available"]}
+    if reasons:
         out.write("\nWhy not available:\n")
-        for info in unavailable:
-            out.write(f"  {info['name']}: {info['reason']}\n")
+        for name, reason in reasons.items():
+            out.write(f"  {name}: {reason}\n")
     for failure in report["plugin_failures"]:
         out.write(
             f"\nBroken plugin skipped: {failure['plugin']} from {failure['distribution']} "
@@ -142,8 +182,12 @@ def _print_table(report: dict[str, Any], out: TextIO) -> None:
         )
     selected = report["selected"]
     if selected is not None:
-        out.write(
-            f"\nget_backend() would pick: {selected['name']} ({_REASON_TEXT[selected['reason']]})\n"
-        )
+        reason = _REASON_TEXT[selected["reason"]]
+        if selected["skipped"] and selected["reason"] == "fallback":
+            reason = "fallback: no accelerator found could be created"
+        out.write(f"\nget_backend() would pick: {selected['name']} ({reason})\n")
+        for skipped in selected["skipped"]:
+            name, error = skipped.split(": ", 1)
+            out.write(f"  skipped {name}: it could not be created: {error}\n")
     else:
         out.write(f"\nget_backend() would fail: {report['selection_error']}\n")

@@ -2,7 +2,8 @@
 
 Discovery imports plugin modules and calls their ``accel_backends`` hook; it never calls
 a backend's factory. One broken plugin is reported (a warning, or an error under
-``ACCEL_STRICT_PLUGINS=1``) and the others keep working. Only pluggy's public API is
+``ACCEL_STRICT_PLUGINS=1``) and the others keep working. Built-in backend names are
+reserved: a plugin offering one is refused the same way. Only pluggy's public API is
 used; which distribution provided which plugin is tracked here, not read from pluggy.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -20,6 +20,7 @@ from . import _env
 from ._errors import PluginLoadError, PluginLoadWarning
 from ._hookspecs import DISTRIBUTION_NAME, PROJECT_NAME, BackendHookSpecs
 from ._spec import BackendSpec
+from ._warn import warn
 
 __all__ = [
     "BUILTIN_PLUGINS",
@@ -75,10 +76,20 @@ class PluginFailure:
 
 @dataclass(frozen=True)
 class CatalogEntry:
-    """A backend name and every provider that offered it (more than one is a conflict)."""
+    """A backend name and every provider that offered it (more than one is a conflict).
 
-    spec: BackendSpec
+    Attributes:
+        specs: Each provider's own spec, in the order of ``providers``.
+        providers: Who offered the name.
+    """
+
+    specs: tuple[BackendSpec, ...]
     providers: tuple[Provider, ...]
+
+    @property
+    def spec(self) -> BackendSpec:
+        """The first provider's spec (the only one unless the name is conflicted)."""
+        return self.specs[0]
 
     @property
     def is_conflicted(self) -> bool:
@@ -88,10 +99,20 @@ class CatalogEntry:
 
 @dataclass(frozen=True)
 class Catalog:
-    """Everything discovery found, by backend name."""
+    """Everything discovery found, by backend name.
+
+    Attributes:
+        entries: Backends by name.
+        failures: Plugins that failed to load, or offered a reserved name.
+        disabled: Entry points skipped because ``ACCEL_DISABLED_PLUGINS`` names them.
+        autoload: ``False`` when ``ACCEL_DISABLE_PLUGIN_AUTOLOAD`` kept every entry
+            point from loading.
+    """
 
     entries: Mapping[str, CatalogEntry]
     failures: tuple[PluginFailure, ...]
+    disabled: tuple[Provider, ...] = ()
+    autoload: bool = True
 
 
 def accel_version() -> str:
@@ -108,16 +129,23 @@ def discover() -> Catalog:
     manager.add_hookspecs(BackendHookSpecs)
     providers: dict[str, Provider] = {}
     failures: list[PluginFailure] = []
+    skipped: list[Provider] = []
+    # Read every flag first: a bad value raises before any plugin is imported.
+    autoload = not _env.flag("ACCEL_DISABLE_PLUGIN_AUTOLOAD")
+    _env.flag("ACCEL_STRICT_PLUGINS")
 
     version = accel_version()
     for module_name in BUILTIN_PLUGINS:
         manager.register(importlib.import_module(module_name), name=module_name)
         providers[module_name] = Provider(module_name, BUILTIN, version)
 
-    if not _env.flag("ACCEL_DISABLE_PLUGIN_AUTOLOAD"):
+    if autoload:
         disabled = _env.name_list("ACCEL_DISABLED_PLUGINS")
         for entry_point, provider in _iter_entry_points():
-            if provider.plugin in disabled or _registered_as(providers, provider):
+            if provider.plugin in disabled:
+                skipped.append(provider)
+                continue
+            if _registered_as(providers, provider):
                 continue
             try:
                 _register_entry_point(manager, entry_point, provider)
@@ -126,17 +154,30 @@ def discover() -> Catalog:
                 continue
             providers[_plugin_key(provider)] = provider
 
-    entries: dict[str, CatalogEntry] = {}
+    offered: list[tuple[Provider, list[BackendSpec]]] = []
     for hook_impl in manager.hook.accel_backends.get_hookimpls():
         provider = providers[hook_impl.plugin_name]
         try:
-            specs = _checked_specs(hook_impl.function())
+            offered.append((provider, _checked_specs(hook_impl.function())))
         except Exception as exc:
             failures.append(_report_failure(provider, "failed in its accel_backends hook", exc))
-            continue
+    # Built-ins first, so that their names are known before any plugin's are added.
+    offered.sort(key=lambda item: item[0].distribution != BUILTIN)
+    entries: dict[str, CatalogEntry] = {}
+    for provider, specs in offered:
         for spec in specs:
+            if provider.distribution != BUILTIN and _is_builtin_name(entries, spec.name):
+                failures.append(_refuse_reserved_name(provider, spec.name))
+                continue
             _add_entry(entries, spec, provider)
-    return Catalog(entries=entries, failures=tuple(failures))
+    return Catalog(
+        entries=entries, failures=tuple(failures), disabled=tuple(skipped), autoload=autoload
+    )
+
+
+def _is_builtin_name(entries: Mapping[str, CatalogEntry], name: str) -> bool:
+    entry = entries.get(name)
+    return entry is not None and entry.providers[0].distribution == BUILTIN
 
 
 def _iter_entry_points() -> Iterator[tuple[metadata.EntryPoint, Provider]]:
@@ -194,21 +235,44 @@ def _checked_specs(result: object) -> list[BackendSpec]:
 def _add_entry(entries: dict[str, CatalogEntry], spec: BackendSpec, provider: Provider) -> None:
     existing = entries.get(spec.name)
     if existing is None:
-        entries[spec.name] = CatalogEntry(spec=spec, providers=(provider,))
+        entries[spec.name] = CatalogEntry(specs=(spec,), providers=(provider,))
     else:
         entries[spec.name] = CatalogEntry(
-            spec=existing.spec, providers=(*existing.providers, provider)
+            specs=(*existing.specs, spec), providers=(*existing.providers, provider)
         )
 
 
 def _report_failure(provider: Provider, what_failed: str, exc: Exception) -> PluginFailure:
     error = f"{type(exc).__name__}: {exc}"
-    message = (
-        f"accel: backend plugin {provider.describe()} {what_failed} ({error}). "
-        "Its backends are skipped and the others keep working; fix or uninstall it, "
-        f"or set ACCEL_DISABLED_PLUGINS={provider.plugin} to skip it silently."
-    )
+    problem = f"accel: backend plugin {provider.describe()} {what_failed} ({error})."
     if _env.flag("ACCEL_STRICT_PLUGINS"):
-        raise PluginLoadError(message) from exc
-    warnings.warn(message, PluginLoadWarning, stacklevel=4)
+        raise PluginLoadError(_strict_message(problem, provider)) from exc
+    warn(
+        f"{problem} Its backends are skipped and the others keep working; fix or "
+        f"uninstall it, or set ACCEL_DISABLED_PLUGINS={provider.plugin} to skip it "
+        "silently.",
+        PluginLoadWarning,
+    )
     return PluginFailure(provider=provider, error=error)
+
+
+def _refuse_reserved_name(provider: Provider, name: str) -> PluginFailure:
+    error = f"it provides a backend named {name!r}, which is reserved for accel's built-in one"
+    problem = f"accel: backend plugin {provider.describe()} is refused: {error}."
+    if _env.flag("ACCEL_STRICT_PLUGINS"):
+        raise PluginLoadError(_strict_message(problem, provider))
+    warn(
+        f"{problem} The built-in {name!r} is used and the plugin's other backends keep "
+        "working; give the plugin's backend another name, or set "
+        f"ACCEL_DISABLED_PLUGINS={provider.plugin} to skip the plugin silently.",
+        PluginLoadWarning,
+    )
+    return PluginFailure(provider=provider, error=error)
+
+
+def _strict_message(problem: str, provider: Provider) -> str:
+    return (
+        f"{problem} ACCEL_STRICT_PLUGINS is on, so no backend is loaded until this is "
+        f"settled: fix or uninstall the plugin, set ACCEL_DISABLED_PLUGINS={provider.plugin} "
+        "to skip it, or unset ACCEL_STRICT_PLUGINS to skip broken plugins with a warning."
+    )

@@ -6,16 +6,22 @@
 ``ACCEL_DISABLE_PLUGIN_AUTOLOAD=1``  load built-in backends only
 ``ACCEL_DISABLED_PLUGINS=a,b``     skip these entry points by name
 =================================  ==============================================
+
+On/off variables take ``1/0``, ``true/false``, ``yes/no`` or ``on/off`` in any case;
+anything else raises :class:`accel.ConfigurationError`.
 """
 
 from __future__ import annotations
 
 import os
 
+from ._errors import ConfigurationError
+
 __all__ = ["ACCEL", "flag", "name_list", "raw_selected_name", "selected_name"]
 
 ACCEL = "ACCEL"
 _TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
+_FALSE_VALUES = frozenset({"", "0", "false", "no", "off"})
 
 # os.environ.get() of an unset variable raises and catches KeyError inside
 # Mapping.get (~0.7 us); the cached get_backend() path reads ACCEL on every call, so on
@@ -35,8 +41,25 @@ def raw_selected_name() -> str | bytes | None:
 
 
 def flag(variable: str) -> bool:
-    """Return whether ``variable`` is set to a true value (1, true, yes, on)."""
-    return os.environ.get(variable, "").strip().lower() in _TRUE_VALUES
+    """Return whether the on/off ``variable`` is on.
+
+    ``1``, ``true``, ``yes`` and ``on`` mean on; ``0``, ``false``, ``no``, ``off``, empty
+    or unset mean off (any case, surrounding spaces ignored).
+
+    Raises:
+        ConfigurationError: Any other value, naming the variable and its value.
+    """
+    raw = os.environ.get(variable, "")
+    value = raw.strip().lower()
+    if value in _TRUE_VALUES:
+        return True
+    if value in _FALSE_VALUES:
+        return False
+    raise ConfigurationError(
+        f"The environment variable {variable} is {raw!r}, which is not an on/off value. "
+        "Set it to 1, true, yes or on to turn it on, or to 0, false, no or off (or unset "
+        "it) to turn it off."
+    )
 
 
 def name_list(variable: str) -> frozenset[str]:

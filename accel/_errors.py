@@ -5,8 +5,10 @@ catches all of them. Each also derives from the builtin that best describes it, 
 code that already catches ``LookupError`` or ``RuntimeError`` keeps working::
 
     AccelError
+    ├── AccelTypeError             (also TypeError)     an argument of the wrong type
     ├── BackendNotFoundError       (also LookupError)   no backend has that name
     ├── BackendUnavailableError    (also RuntimeError)  known, but unusable on this machine
+    ├── ConfigurationError         (also ValueError)    an environment variable accel rejects
     ├── DeviceIndexError           (also ValueError)    a device index this backend does not have
     ├── DistributedSetupError      (also RuntimeError)  torchrun environment missing or inconsistent
     └── PluginError                                     a backend plugin is broken
@@ -15,7 +17,8 @@ code that already catches ``LookupError`` or ``RuntimeError`` keeps working::
         └── ProtocolViolationError (also TypeError)     its object lacks Accelerator members
 
     UserWarning
-    └── PluginLoadWarning          a broken plugin was skipped (the others keep working)
+    ├── PluginLoadWarning          a broken plugin was skipped (the others keep working)
+    └── BackendFallbackWarning     auto-detection skipped a backend that failed to start
 
 Messages are full sentences: the value received, what exists, and what to do next.
 """
@@ -24,9 +27,12 @@ from __future__ import annotations
 
 __all__ = [
     "AccelError",
+    "AccelTypeError",
+    "BackendFallbackWarning",
     "BackendConflictError",
     "BackendNotFoundError",
     "BackendUnavailableError",
+    "ConfigurationError",
     "DeviceIndexError",
     "DistributedSetupError",
     "PluginError",
@@ -40,12 +46,20 @@ class AccelError(Exception):
     """Root of every error raised by accel."""
 
 
+class AccelTypeError(AccelError, TypeError):
+    """An argument of the wrong type, such as ``get_backend(123)``."""
+
+
 class BackendNotFoundError(AccelError, LookupError):
     """No installed backend has the requested name."""
 
 
 class BackendUnavailableError(AccelError, RuntimeError):
     """The backend is known but cannot run here (missing software or no device)."""
+
+
+class ConfigurationError(AccelError, ValueError):
+    """An environment variable accel reads holds a value it does not accept."""
 
 
 class DeviceIndexError(AccelError, ValueError):
@@ -79,3 +93,11 @@ class ProtocolViolationError(PluginError, TypeError):
 
 class PluginLoadWarning(UserWarning):
     """A broken plugin was skipped; set ``ACCEL_STRICT_PLUGINS=1`` to make it an error."""
+
+
+class BackendFallbackWarning(UserWarning):
+    """Auto-detection skipped a backend whose factory raised, and took the next one.
+
+    Issued once per backend and process (until :func:`accel.reset_backends`). Naming
+    the backend (``get_backend("hpu")`` or ``ACCEL=hpu``) raises the error instead.
+    """

@@ -8,15 +8,25 @@ from dataclasses import dataclass
 from typing import Literal
 
 from . import _env
-from ._discovery import BUILTIN, Catalog, CatalogEntry, PluginFailure, discover
+from ._discovery import Catalog, CatalogEntry, PluginFailure, discover
 from ._errors import (
+    AccelTypeError,
     BackendConflictError,
+    BackendFallbackWarning,
     BackendNotFoundError,
     BackendUnavailableError,
     ProtocolViolationError,
 )
 from ._protocol import Accelerator, iter_missing_members
-from ._spec import Availability
+from ._status import (
+    class_violation,
+    conflict_availability,
+    probe,
+    status,
+    violation_message,
+    why_unknown,
+)
+from ._warn import warn
 
 __all__ = [
     "BackendInfo",
@@ -69,10 +79,14 @@ class Selection:
         reason: ``explicit`` (a name was passed), ``ACCEL`` (the environment
             variable), ``auto`` (the highest-priority available accelerator) or
             ``fallback`` (no accelerator found, so ``cpu``).
+        skipped: Backends auto-detection passed over although their probe said
+            available, because creating them raised earlier in this process, each as
+            ``"<name>: <error>"``, best first. Empty for explicit and ``ACCEL`` picks.
     """
 
     name: str
     reason: SelectionReason
+    skipped: tuple[str, ...] = ()
 
 
 _lock = threading.RLock()
@@ -82,6 +96,8 @@ _instances: dict[str, Accelerator] = {}
 # of ACCEL is honoured (it changes the key) while a cached call stays a dict lookup.
 _by_name: dict[str, Accelerator] = {}
 _by_environment: dict[str | bytes | None, Accelerator] = {}
+# Auto-detected backends whose factory raised: name -> "ErrorType: message".
+_factory_failures: dict[str, str] = {}
 
 
 def get_backend(name: str | None = None) -> Accelerator:
@@ -91,12 +107,16 @@ def get_backend(name: str | None = None) -> Accelerator:
         name: Backend name (trimmed, case-insensitive). ``None`` reads ``ACCEL``,
             and when that is unset too, picks the highest-priority available
             accelerator (hpu, then cuda, then other accelerators), else ``cpu``.
+            When auto-detection's pick fails to start (its factory raises), it warns
+            once with :class:`BackendFallbackWarning` and takes the next available
+            backend, down to ``cpu``; a name or ``ACCEL`` raises instead.
 
     Returns:
         The same instance for the same backend name, for the life of the process
         (until :func:`reset_backends`).
 
     Raises:
+        AccelTypeError: ``name`` is neither a string nor ``None``.
         BackendNotFoundError: No backend has that name.
         BackendUnavailableError: It exists but cannot run here.
         BackendConflictError: Two plugins provide that name.
@@ -110,10 +130,13 @@ def get_backend(name: str | None = None) -> Accelerator:
         model.to(backend.device())
     """
     if name is not None:
-        cached = _by_name.get(name)
-        if cached is None:
-            cached = _by_name[name] = _resolve(name)
-        return cached
+        try:
+            return _by_name[name]
+        except (KeyError, TypeError):  # TypeError: unhashable, so certainly not a str
+            pass
+        _check_name_type(name)
+        backend = _by_name[name] = _resolve(name)
+        return backend
     raw_accel = _env.raw_selected_name()
     cached = _by_environment.get(raw_accel)
     if cached is None:
@@ -121,9 +144,40 @@ def get_backend(name: str | None = None) -> Accelerator:
     return cached
 
 
+def _check_name_type(name: object) -> None:
+    if not isinstance(name, str):
+        raise AccelTypeError(
+            f"A backend name must be a str such as 'cpu' or 'cuda', or None for "
+            f"auto-detection; got {type(name).__name__} {name!r}. Pass the name as a "
+            "string; run `python -m accel` to see every backend."
+        )
+
+
 def _resolve(name: str | None) -> Accelerator:
     with _lock:
-        return _instance(select_backend(name).name)
+        selection = select_backend(name)
+        if selection.reason not in ("auto", "fallback"):
+            return _instance(selection.name)
+        return _auto_instance(selection)
+
+
+def _auto_instance(selection: Selection) -> Accelerator:
+    """Create auto-detection's pick; where its factory raises, warn and take the next."""
+    failed: list[BackendUnavailableError] = []
+    while True:
+        for error in failed:
+            warn(f"{error} Auto-detection uses {selection.name!r} instead.", BackendFallbackWarning)
+        failed.clear()
+        try:
+            return _instance(selection.name)
+        except BackendUnavailableError as exc:
+            cause = exc.__cause__
+            _factory_failures[selection.name] = f"{type(cause).__name__}: {cause}"
+            failed.append(exc)
+        try:
+            selection = select_backend()
+        except BackendUnavailableError as exc:
+            raise exc from failed[-1]
 
 
 def select_backend(name: str | None = None) -> Selection:
@@ -133,8 +187,12 @@ def select_backend(name: str | None = None) -> Selection:
         name: As for :func:`get_backend`.
 
     Raises:
-        The errors of :func:`get_backend`, except :class:`ProtocolViolationError`.
+        The errors of :func:`get_backend`. :class:`ProtocolViolationError` only
+        where the factory is a class lacking members (a returned object is checked
+        when it is created).
     """
+    if name is not None:
+        _check_name_type(name)
     catalog = _loaded_catalog()
     if name is not None:
         return Selection(_checked_name(catalog, name, f"get_backend({name!r})"), "explicit")
@@ -148,23 +206,25 @@ def list_backends() -> list[BackendInfo]:
     """Return every known backend, sorted by auto-detection priority.
 
     Availability is probed without initialising any device. A name offered by two
-    plugins appears once per provider, marked unavailable with the conflict as reason.
+    plugins appears once per provider (each with its own description and priority),
+    marked unavailable with the conflict as reason. A factory that is a class lacking
+    protocol members is listed as unavailable, naming them.
     """
     rows: list[BackendInfo] = []
     for entry in _by_priority(_loaded_catalog()):
-        availability = _conflict_availability(entry) or _probe(entry)
-        for provider in entry.providers:
+        availability = status(entry)
+        for spec, provider in zip(entry.specs, entry.providers, strict=True):
             rows.append(
                 BackendInfo(
-                    name=entry.spec.name,
-                    description=entry.spec.description,
+                    name=spec.name,
+                    description=spec.description,
                     provider=provider.distribution,
                     version=provider.version,
                     plugin=provider.plugin,
                     available=availability.available,
                     reason=availability.reason,
                     device_count=availability.device_count,
-                    priority=entry.spec.priority,
+                    priority=spec.priority,
                 )
             )
     return rows
@@ -187,6 +247,7 @@ def reset_backends() -> None:
         _instances.clear()
         _by_name.clear()
         _by_environment.clear()
+        _factory_failures.clear()
 
 
 def _loaded_catalog() -> Catalog:
@@ -206,11 +267,7 @@ def _known_names(catalog: Catalog) -> str:
 
 
 def _available_names(catalog: Catalog) -> str:
-    names = [
-        entry.spec.name
-        for entry in _by_priority(catalog)
-        if not entry.is_conflicted and _probe(entry).available
-    ]
+    names = [entry.spec.name for entry in _by_priority(catalog) if status(entry).available]
     return ", ".join(names) or "none"
 
 
@@ -220,11 +277,13 @@ def _checked_name(catalog: Catalog, raw_name: str, source: str) -> str:
     if entry is None:
         raise BackendNotFoundError(
             f"{source} is not a known backend. Known backends: {_known_names(catalog)}. "
-            "Check the spelling, or pip-install the plugin that provides it; "
-            "run `python -m accel` to see every backend."
+            f"{why_unknown(catalog, name)} Run `python -m accel` to see every backend."
         )
     _raise_if_conflicted(entry)
-    availability = _probe(entry)
+    violation = class_violation(entry)
+    if violation is not None:
+        raise ProtocolViolationError(violation)
+    availability = probe(entry)
     if not availability.available:
         raise BackendUnavailableError(
             f"{source} is not usable here: {availability.reason} "
@@ -235,49 +294,29 @@ def _checked_name(catalog: Catalog, raw_name: str, source: str) -> str:
 
 
 def _auto_detect(catalog: Catalog) -> Selection:
+    skipped: list[str] = []
     for entry in _by_priority(catalog):
-        if entry.is_conflicted or entry.spec.priority < 0 or not _probe(entry).available:
+        name = entry.spec.name
+        if entry.spec.priority < 0 or not status(entry).available:
+            continue
+        if name in _factory_failures:
+            skipped.append(f"{name}: {_factory_failures[name]}")
             continue
         reason: SelectionReason = "auto" if entry.spec.priority > 0 else "fallback"
-        _logger.info("accel: selected backend %r (%s)", entry.spec.name, reason)
-        return Selection(entry.spec.name, reason)
+        _logger.info("accel: selected backend %r (%s)", name, reason)
+        return Selection(name, reason, tuple(skipped))
+    failed = f" Failed to start: {'; '.join(skipped)}." if skipped else ""
     raise BackendUnavailableError(
         "No backend is usable here: auto-detection found no available backend, not even "
-        f"cpu. Known backends: {_known_names(catalog)}. Run `python -m accel` to see why "
-        "each is unavailable, then set ACCEL to one that is."
+        f"cpu.{failed} Known backends: {_known_names(catalog)}. Run `python -m accel` to "
+        "see why each is unavailable, then set ACCEL to one that is."
     )
 
 
 def _raise_if_conflicted(entry: CatalogEntry) -> None:
-    conflict = _conflict_availability(entry)
+    conflict = conflict_availability(entry)
     if conflict is not None:
         raise BackendConflictError(conflict.reason)
-
-
-def _conflict_availability(entry: CatalogEntry) -> Availability | None:
-    if not entry.is_conflicted:
-        return None
-    providers = " and ".join(p.describe() for p in entry.providers)
-    plugins = sorted(p.plugin for p in entry.providers if p.distribution != BUILTIN)
-    return Availability.unavailable(
-        f"Backend {entry.spec.name!r} is provided twice: by {providers}. "
-        "Uninstall one of them, or skip one by setting ACCEL_DISABLED_PLUGINS to "
-        f"one of: {', '.join(plugins)}."
-    )
-
-
-def _probe(entry: CatalogEntry) -> Availability:
-    try:
-        result: object = entry.spec.probe()
-    except Exception as exc:
-        return Availability.unavailable(
-            f"its availability check raised {type(exc).__name__}: {exc}."
-        )
-    if not isinstance(result, Availability):
-        return Availability.unavailable(
-            f"its availability check returned {type(result).__name__}, not accel.Availability."
-        )
-    return result
 
 
 def _instance(name: str) -> Accelerator:
@@ -301,12 +340,8 @@ def _instance(name: str) -> Accelerator:
 def _check_protocol(name: str, provider: str, backend: object) -> None:
     missing = list(iter_missing_members(backend))
     if missing:
-        raise ProtocolViolationError(
-            f"Backend {name!r} from {provider} does not implement accel.Accelerator: "
-            f"its object ({type(backend).__name__}) lacks {', '.join(missing)}. "
-            "Add those members (see 'Writing a backend plugin' in the README), or "
-            "uninstall the plugin."
-        )
+        spec = _loaded_catalog().entries[name].spec
+        raise ProtocolViolationError(violation_message(spec, provider, type(backend), missing))
     if backend.name != name:  # type: ignore[attr-defined]
         raise ProtocolViolationError(
             f"Backend {name!r} from {provider} reports its name as "

@@ -219,6 +219,34 @@ def _check_rendezvous(init_method: str | None, store: object) -> None:
         )
 
 
+def _article(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
+def _check_communication_backend(backend: object, accel_backend: Accelerator) -> None:
+    """Refuse a ``backend=`` torch would only reject deep inside, with a bare assertion."""
+    if backend is None:
+        return
+    own = accel_backend.communication_backend
+    hint = (
+        f"Pass None to use {accel_backend.name}'s own {own!r}, a name torch.distributed "
+        "knows, or device:backend pairs such as 'cpu:gloo,cuda:nccl'."
+    )
+    if not isinstance(backend, str):
+        raise _error(
+            f"backend={backend!r} is {_article(type(backend).__name__)}, not a str naming a "
+            f"torch.distributed backend. {hint}"
+        )
+    known = [name for name in dist.Backend.backend_list if name != "undefined"]
+    names = [part.split(":", 1)[-1].strip() for part in backend.lower().split(",")]
+    unknown = [name for name in names if name not in known and name != own]
+    if unknown or not names:
+        raise _error(
+            f"backend={backend!r} names no torch.distributed backend this process knows "
+            f"({', '.join(unknown) or 'empty'}); known here: {', '.join(known)}. {hint}"
+        )
+
+
 def init_process_group(
     backend: str | None = None,
     init_method: str | None = None,
@@ -271,7 +299,9 @@ def init_process_group(
             reverse), a rank outside ``0..WORLD_SIZE-1``, a value that is not an
             integer, ``LOCAL_RANK`` or ``LOCAL_WORLD_SIZE`` beyond the visible devices or
             inconsistent with ``WORLD_SIZE``; ``MASTER_ADDR``/``MASTER_PORT`` unset for
-            the ``env://`` rendezvous.
+            the ``env://`` rendezvous; ``backend`` is not a str, or names a
+            communication backend ``torch.distributed`` does not know (other than
+            ``accel_backend.communication_backend``, which preparation registers).
         accel.BackendUnavailableError: ``accel_backend`` is ``None`` and no backend is
             usable (from :func:`accel.get_backend`).
     """
@@ -294,6 +324,7 @@ def init_process_group(
 
         accel_backend = get_backend()
     index = _device_index(accel_backend, resolved_local_rank, local_world_size)
+    _check_communication_backend(backend, accel_backend)
     accel_backend.prepare_distributed()
     accel_backend.set_device(index)
     dist.init_process_group(

@@ -6,9 +6,11 @@ your top-level ``conftest.py`` (it is not auto-loaded). Then:
 * ``--accel=cpu,cuda`` / ``--accel=all`` / ``--accel=available`` (the default; also the
   ``ACCEL_TEST_BACKENDS`` variable) chooses the backends;
 * a test that takes the ``accel_backend`` fixture runs once per chosen backend, with ids
-  like ``test_step[cuda]``; a chosen backend that cannot run here is skipped with the
-  reason;
-* ``@pytest.mark.accel("cuda", "hpu")`` limits a test to those backends;
+  like ``test_step[cuda]``; with ``all`` or ``available``, a backend that cannot run
+  here is skipped with the reason, while one named explicitly that cannot run (or is
+  unknown) stops the session with a usage error;
+* ``@pytest.mark.accel("cuda", "hpu")`` limits a test to those backends (an unknown
+  name is a usage error);
 * ``@pytest.mark.accel_requires("streams")`` skips backends lacking a capability
   (see :data:`CAPABILITIES`).
 

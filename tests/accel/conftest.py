@@ -35,3 +35,24 @@ def conflict_site(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.syspath_prepend(str(path))
     accel.reset_backends()
     return path
+
+
+@pytest.fixture
+def fallback_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Install accel-fake-fallback 1.0: ``fakefailing`` (priority 500) looks available
+    and its factory raises."""
+    path = DATA / "fallback_site"
+    monkeypatch.syspath_prepend(str(path))
+    accel.reset_backends()
+    yield path
+    _forget_fake_modules()
+
+
+@pytest.fixture
+def reserved_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Install accel-fake-reserved 1.0, which offers ``cpu`` (reserved) and ``fakeextra``."""
+    path = DATA / "reserved_site"
+    monkeypatch.syspath_prepend(str(path))
+    accel.reset_backends()
+    yield path
+    _forget_fake_modules()

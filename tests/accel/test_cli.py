@@ -3,18 +3,24 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from accel._cli import main
 
+PLUGINS_SITE = Path(__file__).resolve().parents[1] / "data" / "plugins_site"
 
-def _run(*args: str, env_accel: str | None = None) -> subprocess.CompletedProcess[str]:
+
+def _run(
+    *args: str, env_accel: str | None = None, **env_extra: str
+) -> subprocess.CompletedProcess[str]:
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL")}
     if env_accel is not None:
         env["ACCEL"] = env_accel
+    env.update(env_extra)
     return subprocess.run(
         [sys.executable, "-m", "accel", *args], capture_output=True, text=True, env=env, timeout=120
     )
@@ -52,7 +58,7 @@ def test_json_matches_the_table() -> None:
 
 def test_accel_variable_is_reported_as_the_reason() -> None:
     report = json.loads(_run("--json", env_accel="recording").stdout)
-    assert report["selected"] == {"name": "recording", "reason": "ACCEL"}
+    assert report["selected"] == {"name": "recording", "reason": "ACCEL", "skipped": []}
     assert "from the ACCEL environment variable" in _run(env_accel="recording").stdout
 
 
@@ -78,3 +84,36 @@ def test_console_script_is_installed() -> None:
     assert script is not None
     result = subprocess.run([script, "--json"], capture_output=True, text=True, timeout=120)
     assert json.loads(result.stdout)["backends"]
+
+
+def _assert_one_sentence_error(result: subprocess.CompletedProcess[str], *parts: str) -> None:
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("python -m accel: error: "), lines[0]
+    for part in parts:
+        assert part in lines[0], lines[0]
+
+
+def test_strict_mode_with_a_broken_plugin_is_one_sentence() -> None:
+    import os
+
+    pythonpath = os.pathsep.join(filter(None, [str(PLUGINS_SITE), os.environ.get("PYTHONPATH")]))
+    result = _run(ACCEL_STRICT_PLUGINS="1", PYTHONPATH=pythonpath)
+    _assert_one_sentence_error(result, "accel-fake-plugins 1.0", "ACCEL_STRICT_PLUGINS is on")
+    as_json = _run("--json", ACCEL_STRICT_PLUGINS="1", PYTHONPATH=pythonpath)
+    assert as_json.returncode == 1
+    report = json.loads(as_json.stdout)
+    assert "accel-fake-plugins 1.0" in report["error"]
+    assert "Traceback" not in as_json.stderr
+
+
+def test_bad_flag_value_is_one_sentence() -> None:
+    result = _run(ACCEL_DISABLE_PLUGIN_AUTOLOAD="maybe")
+    _assert_one_sentence_error(result, "ACCEL_DISABLE_PLUGIN_AUTOLOAD is 'maybe'")
+
+
+def test_demo_with_a_bad_accel_is_one_sentence() -> None:
+    result = _run("demo", "--steps", "1", env_accel="bogus")
+    _assert_one_sentence_error(result, "ACCEL='bogus' is not a known backend.")

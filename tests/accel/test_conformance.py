@@ -151,3 +151,43 @@ def test_broken_backend_fails_exactly_the_fork_rng_rule(
         for test_id in failed
     ), failed
     assert set(_RULE.findall(output)) == {"fork-rng"}
+
+
+CONFLICT_SITE = TESTS / "data" / "conflict_site"
+
+
+def _usage_error(result: pytest.RunResult) -> str:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert "passed" not in result.stdout.str() and "skipped" not in result.stdout.str()
+    return result.stderr.str()
+
+
+def test_certifying_a_backend_that_cannot_run_here_fails(user_dir: pytest.Pytester) -> None:
+    import torch
+
+    if torch.cuda.device_count() > 0:
+        pytest.skip("cuda can run here; this checks certifying a backend that cannot.")
+    error = _usage_error(_conformance(user_dir, "cuda", "-q"))
+    assert (
+        "`python -m accel conformance cuda` names backend(s) that cannot run here, so "
+        "nothing would be tested on them (cuda: no CUDA device is visible" in error
+    ), error
+    assert "--accel" not in error, error
+
+
+def test_certifying_an_unknown_backend_names_the_command(user_dir: pytest.Pytester) -> None:
+    error = _usage_error(_conformance(user_dir, "nonexistent", "-q"))
+    assert "`python -m accel conformance nonexistent` names unknown backend(s) nonexistent." in (
+        error
+    ), error
+    assert "--accel" not in error, error
+
+
+def test_certifying_a_conflicted_backend_fails(
+    user_dir: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_pythonpath(monkeypatch, PLUGINS_SITE)
+    _with_pythonpath(monkeypatch, CONFLICT_SITE)
+    error = _usage_error(_conformance(user_dir, "fakeok", "-q"))
+    assert "names backend(s) that cannot run here" in error, error
+    assert "Backend 'fakeok' is provided twice" in error, error

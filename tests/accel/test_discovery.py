@@ -118,3 +118,127 @@ def test_plugins_load_lazily_not_at_import() -> None:
         "accel.list_backends(); assert 'backends.cpu' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# A plugin may not take a built-in name -------------------------------------------------
+
+
+def test_plugin_offering_a_builtin_name_is_refused(reserved_site: Path) -> None:
+    with pytest.warns(PluginLoadWarning) as caught:
+        rows = accel.list_backends()
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert "entry point 'fakereserved' of distribution accel-fake-reserved 1.0" in messages[0]
+    assert "backend named 'cpu', which is reserved for accel's built-in one" in messages[0]
+    assert "ACCEL_DISABLED_PLUGINS=fakereserved" in messages[0]
+    cpu_rows = [row for row in rows if row.name == "cpu"]
+    assert [(row.provider, row.available) for row in cpu_rows] == [("built-in", True)]
+    assert accel.get_backend("cpu").name == "cpu"
+    assert type(accel.get_backend("cpu")).__module__ == "backends.cpu"
+    # The plugin's other backend keeps working.
+    assert accel.get_backend("fakeextra").name == "fakeextra"
+    assert [f.provider.plugin for f in accel.plugin_failures()] == ["fakereserved"]
+
+
+# Listing checks protocol members; conflicts show each provider's own spec ------------
+
+
+def test_incomplete_backend_is_listed_as_unavailable_with_the_violation(
+    plugin_site: Path,
+) -> None:
+    with pytest.warns(PluginLoadWarning):
+        row = next(info for info in accel.list_backends() if info.name == "fakeincomplete")
+    assert not row.available
+    assert row.reason is not None
+    assert "does not implement accel.Accelerator" in row.reason
+    assert "lacks " in row.reason and "fork_rng" in row.reason
+    assert "'Writing and certifying a backend plugin' in the README" in row.reason
+
+
+def test_conflict_rows_show_each_providers_priority(conflict_site: Path) -> None:
+    with pytest.warns(PluginLoadWarning):
+        rows = {info.provider: info for info in accel.list_backends() if info.name == "fakeok"}
+    assert rows["accel-fake-plugins"].priority == -1
+    assert rows["accel-fake-dupe"].priority == -2
+    assert rows["accel-fake-dupe"].description == "The second provider's fakeok."
+
+
+def test_conflict_reason_is_printed_once(conflict_site: Path) -> None:
+    import io
+
+    from accel._cli import _print_table, _report
+
+    with pytest.warns(PluginLoadWarning):
+        report = _report()
+    out = io.StringIO()
+    _print_table(report, out)
+    assert out.getvalue().count("is provided twice") == 1, out.getvalue()
+
+
+# An unknown name says why it may be unknown ------------------------------------------
+
+
+def test_unknown_name_of_a_plugin_that_failed_to_load(plugin_site: Path) -> None:
+    with pytest.warns(PluginLoadWarning), pytest.raises(accel.BackendNotFoundError) as info:
+        accel.get_backend("fakebroken")
+    message = str(info.value)
+    assert "Its plugin, entry point 'fakebroken' of distribution accel-fake-plugins 1.0, is " in (
+        message
+    )
+    assert "failed to load (ModuleNotFoundError" in message
+    assert "pip-install" not in message
+
+
+def test_unknown_name_when_a_plugin_failed_mentions_the_failures(plugin_site: Path) -> None:
+    with pytest.warns(PluginLoadWarning), pytest.raises(accel.BackendNotFoundError) as info:
+        accel.get_backend("mynpu")
+    message = str(info.value)
+    assert "These plugins failed to load and may provide it:" in message
+    assert "fakehookerror" in message and "RuntimeError: fake hook failure" in message
+
+
+def test_unknown_name_with_autoload_disabled(
+    plugin_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "1")
+    with pytest.raises(accel.BackendNotFoundError) as info:
+        accel.get_backend("fakeok")
+    message = str(info.value)
+    assert "ACCEL_DISABLE_PLUGIN_AUTOLOAD is on, so only the built-in backends were loaded" in (
+        message
+    )
+    assert "pip-install" not in message
+
+
+def test_unknown_name_of_a_disabled_plugin(
+    plugin_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_DISABLED_PLUGINS", "fakeok,fakebroken,fakehookerror,fakenohook")
+    with pytest.raises(accel.BackendNotFoundError) as info:
+        accel.get_backend("fakeok")
+    assert "is installed but skipped because ACCEL_DISABLED_PLUGINS names it" in str(info.value)
+
+
+# Strict mode and warnings -------------------------------------------------------------
+
+
+def test_strict_mode_message_does_not_promise_the_others_keep_working(
+    plugin_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCEL_STRICT_PLUGINS", "yes")
+    with pytest.raises(PluginLoadError) as info:
+        accel.list_backends()
+    message = str(info.value)
+    assert "keep working" not in message
+    assert "ACCEL_STRICT_PLUGINS is on" in message
+    assert "unset ACCEL_STRICT_PLUGINS to skip broken plugins with a warning" in message
+
+
+def test_plugin_warnings_point_at_the_callers_line(plugin_site: Path) -> None:
+    with pytest.warns(PluginLoadWarning) as caught:
+        accel.get_backend("cpu")
+    assert {w.filename for w in caught} == {__file__}
+    accel.reset_backends()
+    with pytest.warns(PluginLoadWarning) as caught:
+        accel.list_backends()
+    assert {w.filename for w in caught} == {__file__}

@@ -159,7 +159,7 @@ def test_default_backend_is_get_backend(
 def test_arguments_are_passed_on(fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch) -> None:
     timeout = timedelta(seconds=7)
     accel.distributed.init_process_group(
-        "fake",
+        "cpu:gloo",
         "tcp://10.0.0.1:1234",
         timeout,
         accel_backend=_recording(),
@@ -167,7 +167,7 @@ def test_arguments_are_passed_on(fake_init: FakeInit, torchrun_env: pytest.Monke
         device_id=None,
     )
     assert fake_init.only_call == {
-        "backend": "fake",
+        "backend": "cpu:gloo",
         "init_method": "tcp://10.0.0.1:1234",
         "timeout": timeout,
         "world_size": 2,
@@ -478,6 +478,28 @@ def test_argument_errors(
         accel.distributed.init_process_group(accel_backend=_recording(), **kwargs)
     assert str(caught.value).startswith("accel.distributed: " + expected), str(caught.value)
     _assert_nothing_done(fake_init)
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        ("bogus", "backend='bogus' names no torch.distributed backend this process knows (bogus)"),
+        ("cpu:gloo,cuda:bogus", "backend='cpu:gloo,cuda:bogus' names no torch.distributed"),
+        (7, "backend=7 is an int, not a str naming a torch.distributed backend"),
+    ],
+)
+def test_unknown_communication_backend(
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, backend: object, expected: str
+) -> None:
+    recording = _recording()
+    with pytest.raises(DistributedSetupError) as caught:
+        accel.distributed.init_process_group(backend, accel_backend=recording)  # type: ignore[arg-type]
+    message = str(caught.value)
+    assert message.startswith("accel.distributed: " + expected), message
+    assert "known here: " in message or "not a str" in message
+    assert "Pass None to use recording's own 'gloo'" in message
+    _assert_nothing_done(fake_init)
+    recording.assert_not_called("prepare_distributed", "set_device")
 
 
 def test_calling_twice(fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch) -> None:

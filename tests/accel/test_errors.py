@@ -91,3 +91,15 @@ def test_backend_spec_validates_its_name() -> None:
 def test_backend_spec_validates_callables() -> None:
     with pytest.raises(TypeError, match="probe must be callable"):
         accel.BackendSpec(name="npu", factory=object, probe=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", [123, ["cpu"], b"cpu", 1.5])
+def test_backend_name_must_be_a_string(name: object) -> None:
+    with pytest.raises(accel.AccelTypeError) as info:
+        accel.get_backend(name)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert message.startswith("A backend name must be a str such as 'cpu' or 'cuda'")
+    assert f"got {type(name).__name__} {name!r}" in message
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(accel.AccelTypeError):
+        accel.select_backend(name)  # type: ignore[arg-type]

@@ -92,7 +92,7 @@ def _with_replaced_spec(monkeypatch: pytest.MonkeyPatch, name: str, **changes: o
     catalog = _select._loaded_catalog()
     entry = catalog.entries[name]
     entries = dict(catalog.entries)
-    entries[name] = replace(entry, spec=replace(entry.spec, **changes))
+    entries[name] = replace(entry, specs=(replace(entry.spec, **changes),))
     monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
 
 

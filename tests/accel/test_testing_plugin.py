@@ -293,3 +293,88 @@ def test_unknown_capability_is_a_usage_error(isolated: pytest.Pytester) -> None:
     )
     assert "streams" in output.split("unknown capability", 1)[1]
     result.assert_outcomes(errors=1)
+
+
+def test_named_backend_that_cannot_run_is_a_usage_error(
+    isolated: pytest.Pytester,
+    backends: dict[str, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    missing = _missing(backends)
+    isolated.makepyfile(test_named=_PER_BACKEND)
+
+    result = _run(isolated, f"--accel=cpu,{missing}")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    error = result.stderr.str()
+    assert f"--accel='cpu,{missing}' names backend(s) that cannot run here" in error, error
+    assert f"{missing}: {backends[missing]['reason']}" in error, error
+    assert "pass 'all' to skip unavailable backends" in error, error
+
+    # The variable is named when it was the variable.
+    monkeypatch.setenv("ACCEL_TEST_BACKENDS", missing)
+    result = _run(isolated)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    error = result.stderr.str()
+    assert f"ACCEL_TEST_BACKENDS={missing!r} names backend(s) that cannot run here" in error
+    monkeypatch.setenv("ACCEL_TEST_BACKENDS", "bogus")
+    result = _run(isolated)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    error = result.stderr.str()
+    assert "ACCEL_TEST_BACKENDS='bogus' names unknown backend(s) bogus." in error, error
+    assert "--accel" not in error.split("names unknown", 1)[0], error
+
+
+_TYPO_MARKER = """
+import pytest
+
+
+@pytest.mark.accel("cdua")
+def test_typo(accel_backend):
+    pass
+"""
+
+
+def test_unknown_backend_in_a_marker_is_a_usage_error(isolated: pytest.Pytester) -> None:
+    isolated.makepyfile(test_typo=_TYPO_MARKER)
+
+    result = _run(isolated, "--accel=all")
+
+    assert result.ret in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED)
+    output = result.stdout.str() + result.stderr.str()
+    assert "UsageError" in output
+    assert "test_typo.py::test_typo: accel('cdua') names an unknown backend; use one of" in output
+    assert "cuda" in output.split("names an unknown backend", 1)[1]
+    result.assert_outcomes(errors=1)
+
+
+_PLUGINS_SITE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "plugins_site")
+
+
+def test_a_broken_plugin_does_not_break_a_session_with_warnings_as_errors(
+    isolated: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [_PLUGINS_SITE, os.environ.get("PYTHONPATH")]))
+    )
+    isolated.makeini("[pytest]\nfilterwarnings = error\n")
+    isolated.makepyfile(test_warned=_PER_BACKEND)
+
+    result = _run(isolated, "-W", "error", "-v", "--accel=cpu")
+
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "accel: skipped plugin entry point 'fakebroken' of distribution "
+            "accel-fake-plugins 1.0: ModuleNotFoundError*"
+        ]
+    )
+
+    # Strict mode stops the session with the plugin's sentence, not an INTERNALERROR.
+    monkeypatch.setenv("ACCEL_STRICT_PLUGINS", "1")
+    result = _run(isolated, "--accel=cpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    error = result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + error
+    assert "accel-fake-plugins 1.0" in error and "ACCEL_STRICT_PLUGINS is on" in error

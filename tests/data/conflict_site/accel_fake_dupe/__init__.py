@@ -12,6 +12,7 @@ def accel_backends():
             name="fakeok",
             factory=FakeOkBackend,
             probe=lambda: Availability(available=True, device_count=1),
-            priority=-1,
+            description="The second provider's fakeok.",
+            priority=-2,
         )
     ]
