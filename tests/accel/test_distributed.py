@@ -644,7 +644,11 @@ def fsdp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
     return torchrun("fsdp_checkpoint.py", tmp_path_factory.mktemp("fsdp"))
 
 
-@pytest.mark.skipif(FSDP2_ON_CPU, reason="this torch runs FSDP2 on the CPU: nothing to refuse")
+@pytest.mark.skipif(
+    FSDP2_ON_CPU,
+    reason=f"torch {torch.__version__} runs FSDP2 on the CPU (it is "
+    f"{'.'.join(map(str, FSDP2_MIN_RELEASE_OFF_CUDA))} or newer): nothing to refuse",
+)
 def test_fully_shard_refuses_the_cpu_where_torch_cannot(tmp_path: Path) -> None:
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
