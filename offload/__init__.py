@@ -3,7 +3,7 @@
 Everything here talks to the device only through the :class:`accel.Accelerator`
 protocol, so the same code runs on every backend: copies go on a copy stream made with
 ``backend.Stream()`` and are ordered with events, page-locked host memory comes from
-``backend.pin_memory``, and ``backend.mark_step()`` flushes lazy graphs. On a backend
+``backend.empty_pinned``, and ``backend.mark_step()`` flushes lazy graphs. On a backend
 without streams the copies simply run in order; when the device is the host nothing is
 copied at all.
 

@@ -2,7 +2,7 @@
 
 A model is split into contiguous slices balanced by parameter bytes
 (:func:`partition`). Each slice's parameters and buffers are packed into one flat host
-tensor per dtype, pinned once (:class:`SliceStorage`); the modules' tensors become
+tensor per dtype, allocated page-locked once (:class:`SliceStorage`); the modules' tensors become
 views into it, so the optimizer updates the packed copy in place.
 
 :class:`Residency` owns two device buffers per dtype ("ping-pong"), each as large as
@@ -195,11 +195,10 @@ class SliceStorage:
                 e.offset + _span(e.size, e.stride) for e in flat.entries if e.is_parameter
             ]
             flat.buffers_start = max(parameter_ends, default=0)
-            host = torch.zeros(max(flat.numel, 1), dtype=flat.dtype)
+            host = transfers.empty_host((max(flat.numel, 1),), flat.dtype).zero_()
             for entry in flat.entries:
                 with torch.no_grad():
                     entry.view(host).copy_(entry.tensor.detach())
-            host = transfers.pin(host)
             flat.host = host
             for entry in flat.entries:
                 entry.home = entry.view(host)
@@ -211,7 +210,7 @@ class SliceStorage:
         """Return the pinned host tensor that receives ``entry``'s gradient (made once)."""
         flat = self.flats[entry.tensor.dtype]
         if flat.host_grads is None:
-            flat.host_grads = transfers.pin(torch.zeros(max(flat.numel, 1), dtype=flat.dtype))
+            flat.host_grads = transfers.empty_host((max(flat.numel, 1),), flat.dtype).zero_()
         return entry.view(flat.host_grads)
 
     def entries(self) -> list[_Entry]:

@@ -150,10 +150,9 @@ def test_parity_with_plain_model(
         num_microbatches=num_microbatches,
     )
     actual = train(model, batches, OPTIMIZERS[optimizer])
+    # Micro-batches are compared with a tolerance even for the first outputs: a GEMM over
+    # 4 rows and over 10 rows rounds differently on some CPUs (AVX-512 kernels).
     exact = num_microbatches == 1
-    # The first step's outputs are exact even with micro-batches (each row is computed
-    # alone); later ones inherit the weights' tolerance.
-    assert_tensors(actual[0][:1], expected[0][:1], exact=True)
     assert_tensors(actual[0], expected[0], exact)
     for step_grads, step_expected in zip(actual[1], expected[1], strict=True):
         assert_tensors(step_grads, step_expected, exact)
