@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+import accel
 from accel import Accelerator, AccelError
 
 from ._errors import OffloadConfigError
@@ -39,6 +40,7 @@ __all__ = [
     "copies_needed",
     "dense_stride",
     "placeholder",
+    "resolve_backend",
     "resolve_device",
 ]
 
@@ -50,6 +52,30 @@ def copies_needed(device: torch.device, offload_device: torch.device) -> bool:
     stay where they are and every transfer is skipped.
     """
     return (device.type, device.index or 0) != (offload_device.type, offload_device.index or 0)
+
+
+def resolve_backend(backend: Any) -> Accelerator:
+    """Return the backend to use: ``backend`` itself, ``get_backend(backend)`` for a name,
+    or :func:`accel.get_backend` for ``None``.
+
+    Raises:
+        offload.OffloadConfigError: ``backend`` is neither a backend, a name nor ``None``,
+            or no backend has that name.
+    """
+    if backend is None:
+        return accel.get_backend()
+    if isinstance(backend, str):
+        try:
+            return accel.get_backend(backend)
+        except AccelError as exc:
+            raise OffloadConfigError(f"offload: backend={backend!r} cannot be used: {exc}") from exc
+    if not isinstance(backend, Accelerator):
+        raise OffloadConfigError(
+            f"offload: backend must be an accel backend (from accel.get_backend()), a backend "
+            f"name such as 'cuda', or None for the default, got {type(backend).__name__}; "
+            "run `python -m accel` to list the backends."
+        )
+    return backend
 
 
 def resolve_device(device: Any, backend: Accelerator) -> torch.device:
