@@ -289,9 +289,7 @@ class ParameterOffload:
         self._backward_order.see(unit.index)
         if not unit.attached:
             self._mover.claim(unit, grads=True)
-            self._mover.prefetch(
-                self._backward_order.after(unit.index, self.prefetch), grads=True
-            )
+            self._mover.prefetch(self._backward_order.after(unit.index, self.prefetch), grads=True)
             self._mover.attach(unit)
 
     def _post_accumulate(self, parameter: torch.Tensor) -> None:

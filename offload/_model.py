@@ -17,15 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
-import accel
 from accel import Accelerator
 
 from . import _transfer
 from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
 from ._pass import Config, Pass, parameter_bytes, run_slice
-from ._slices import Residency, SliceStorage, partition
+from ._slices import Residency
 from ._state import State, StateMachine
-from ._transfer import HostPool, Transfers, resolve_device
+from ._storage import SliceStorage, partition
+from ._transfer import HostPool, Transfers, resolve_backend, resolve_device
 
 __all__ = ["OffloadModel"]
 
@@ -112,12 +112,26 @@ class OffloadModel(nn.Module):
         num_slices: int = 3,
         checkpoint_activation: bool = False,
         num_microbatches: int = 1,
-        backend: Accelerator | None = None,
+        backend: Accelerator | str | None = None,
+        *,
+        batched_kwargs: Sequence[str] = (),
     ) -> None:
         super().__init__()
         layers = _layers(model)
+        if isinstance(batched_kwargs, str) or not all(
+            isinstance(name, str) for name in batched_kwargs
+        ):
+            raise OffloadConfigError(
+                f"offload: batched_kwargs must be a sequence of keyword names, got "
+                f"{batched_kwargs!r}; e.g. batched_kwargs=('attention_mask',)."
+            )
+        batched = frozenset(batched_kwargs)
         if not layers:
-            raise UnsupportedModelError("offload: OffloadModel got a model without layers.")
+            raise UnsupportedModelError(
+                f"offload: OffloadModel got an empty {type(model).__name__} (no layers), so "
+                "there is nothing to split into slices; pass the model's layers in order, "
+                "e.g. OffloadModel(nn.Sequential(*blocks)), with at least num_slices of them."
+            )
         for name, value in (("num_slices", num_slices), ("num_microbatches", num_microbatches)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OffloadConfigError(f"offload: {name} must be a positive int, got {value!r}.")
@@ -127,7 +141,7 @@ class OffloadModel(nn.Module):
                 f"layers; every slice needs at least one layer. Pass num_slices <= "
                 f"{len(layers)}, or split large layers into several modules."
             )
-        backend = accel.get_backend() if backend is None else backend
+        backend = resolve_backend(backend)
         compute_device = resolve_device(device, backend)
         home = torch.device(offload_device)
         if home.type != "cpu":
@@ -139,21 +153,15 @@ class OffloadModel(nn.Module):
         if not copy:
             self.module.to(compute_device)
         runs = partition([parameter_bytes(layer) for layer in layers], num_slices)
-        _check_not_shared(layers, runs)
         transfers = Transfers(backend)
-        storages = [
-            SliceStorage.for_layers(
-                index, layers[run.start : run.stop], run.start, transfers, copy=copy
-            )
-            for index, run in enumerate(runs)
-        ]
+        storages, shared = _pack_slices(layers, runs, transfers, copy=copy)
         self._backend = backend
         self._device = compute_device
         self._offload_device = home
         self._runs = tuple((run.start, run.stop) for run in runs)
         self._storages = storages
         self._state = StateMachine("OffloadModel")
-        self._residency = Residency(storages, transfers, compute_device, copy=copy)
+        self._residency = Residency(storages, transfers, compute_device, copy=copy, shared=shared)
         self._config = Config(
             backend=backend,
             device=compute_device,
@@ -164,6 +172,7 @@ class OffloadModel(nn.Module):
             state=self._state,
             checkpoint_activation=bool(checkpoint_activation),
             num_microbatches=num_microbatches,
+            batched_kwargs=batched,
             copy=copy,
             trainable_dummy=torch.empty(0, requires_grad=True),
             frozen_dummy=torch.empty(0),
@@ -171,6 +180,9 @@ class OffloadModel(nn.Module):
         self.num_slices = num_slices
         self.checkpoint_activation = bool(checkpoint_activation)
         self.num_microbatches = num_microbatches
+        self.batched_kwargs = batched
+        self._register_state_dict_hook(_strip_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
 
     # Read-only views -------------------------------------------------------------------
 
@@ -298,17 +310,83 @@ class OffloadModel(nn.Module):
         )
 
 
-def _check_not_shared(layers: Sequence[nn.Module], runs: Sequence[range]) -> None:
-    owner: dict[int, int] = {}
+def _pack_slices(
+    layers: Sequence[nn.Module], runs: Sequence[range], transfers: Transfers, *, copy: bool
+) -> tuple[list[SliceStorage], list[tuple[SliceStorage, list[int]]]]:
+    """Pack each slice's tensors; tensors used by several slices are packed once, apart."""
+    users: dict[int, list[int]] = {}
+    tensors: dict[int, torch.Tensor] = {}
     for index, run in enumerate(runs):
-        for layer_index in run:
-            for tensor in [*layers[layer_index].parameters(), *layers[layer_index].buffers()]:
-                first = owner.setdefault(id(tensor), index)
-                if first != index:
-                    raise OffloadConfigError(
-                        f"offload: a parameter or buffer of layer {layer_index} is shared with "
-                        f"slice {first}, but it falls in slice {index}; OffloadModel moves "
-                        "each slice's tensors on their own, so shared (tied) tensors must sit "
-                        "in one slice. Put the layers that share it in one module, change "
-                        "num_slices, or use offload.offload_parameters."
-                    )
+        for layer in layers[run.start : run.stop]:
+            for tensor in [*layer.parameters(), *layer.buffers()]:
+                tensors[id(tensor)] = tensor
+                slices = users.setdefault(id(tensor), [])
+                if index not in slices:
+                    slices.append(index)
+    groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for key, slices in users.items():
+        if len(slices) > 1:
+            groups.setdefault(tuple(slices), []).append(tensors[key])
+    storages = []
+    for index, run in enumerate(runs):
+        chunk = layers[run.start : run.stop]
+        last = run.stop - 1
+        span = f"layer {run.start}" if last == run.start else f"layers {run.start}-{last}"
+        storages.append(
+            SliceStorage(
+                index,
+                f"slice {index} ({span})",
+                chunk,
+                [p for layer in chunk for p in layer.parameters() if len(users[id(p)]) == 1],
+                [b for layer in chunk for b in layer.buffers() if len(users[id(b)]) == 1],
+                transfers,
+                copy=copy,
+            )
+        )
+    shared = []
+    for number, (users_of, group) in enumerate(groups.items()):
+        names = ", ".join(str(k) for k in users_of)
+        storage = SliceStorage(
+            len(runs) + number,
+            f"tensors shared by slices {names}",
+            [],
+            [t for t in group if isinstance(t, nn.Parameter)],
+            [t for t in group if not isinstance(t, nn.Parameter)],
+            transfers,
+            copy=copy,
+        )
+        for k in users_of:
+            # A slice whose only trainable parameters are shared still needs its backward.
+            storages[k].trainable = storages[k].trainable or storage.trainable
+        shared.append((storage, list(users_of)))
+    return storages, shared
+
+
+_PREFIX = "module."
+
+
+def _strip_prefix(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> dict[str, Any]:
+    """Save the wrapped model's keys, so that a plain model loads the checkpoint."""
+    inner = prefix + _PREFIX
+    for key in [key for key in state_dict if key.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+    return state_dict
+
+
+def _add_prefix(
+    module: nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Load the plain model's keys (and, as saved before, keys with the prefix)."""
+    inner = prefix + _PREFIX
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        if not key.startswith(inner):
+            state_dict[inner + key[len(prefix) :]] = state_dict.pop(key)

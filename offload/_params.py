@@ -20,8 +20,8 @@ from accel import Accelerator
 from . import _transfer
 from ._errors import OffloadConfigError
 from ._handle import ParameterOffload, active_offloads, offloaded_roots
-from ._slices import SliceStorage
 from ._state import StateMachine
+from ._storage import SliceStorage
 from ._transfer import Transfers, resolve_backend, resolve_device
 from ._units import Unit
 
@@ -68,14 +68,14 @@ def _build_units(
         label = f"module {names.get(id(unit_module), '?')!r} ({type(unit_module).__name__})"
         storage = SliceStorage(position, label, [unit_module], own, [], transfers, copy=copy)
         units.append(Unit(position, unit_module, storage, StateMachine(label)))
-    for positions, params in shared.items():
+    for users_of, params in shared.items():
         index = len(units)
-        modules = ", ".join(repr(names.get(id(chosen[k][0]), "?")) for k in positions)
+        modules = ", ".join(repr(names.get(id(chosen[k][0]), "?")) for k in users_of)
         label = f"parameters shared by modules {modules}"
         storage = SliceStorage(index, label, [], params, [], transfers, copy=copy)
         group = Unit(index, None, storage, StateMachine(label))
         units.append(group)
-        for position in positions:
+        for position in users_of:
             units[position].groups.append(group)
     return units
 
@@ -149,8 +149,9 @@ def offload_parameters(
         chosen = [(m, list(m.parameters())) for m in modules]
     copy = _transfer.copies_needed(compute_device, torch.device("cpu"))
     covered = {id(p) for _, params in chosen for p in params}
-    origins = [(p, p.device, p.stride()) for p in module.parameters()]
-    origins += [(b, b.device, b.stride()) for b in module.buffers()]
+    origins: list[tuple[torch.Tensor, torch.device, tuple[int, ...]]] = [
+        (t, t.device, t.stride()) for t in [*module.parameters(), *module.buffers()]
+    ]
     transfers = Transfers(backend)
     units = _build_units(module, chosen, transfers, copy=copy)
     if copy:

@@ -34,8 +34,9 @@ from checkpointing import checkpoint
 
 from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
 from ._errors import OffloadError
-from ._slices import Residency, SliceStorage
+from ._slices import Residency
 from ._state import State, StateMachine
+from ._storage import SliceStorage
 from ._transfer import HostPool, Transfers, dense_stride, placeholder
 
 __all__ = [
@@ -68,6 +69,7 @@ class Config:
     state: StateMachine
     checkpoint_activation: bool
     num_microbatches: int
+    batched_kwargs: frozenset[str]
     copy: bool
     trainable_dummy: torch.Tensor
     frozen_dummy: torch.Tensor
@@ -149,7 +151,12 @@ class SliceRun:
         if len(bounds) == 1:
             split = [False] * len(tensors)
         else:
-            split = [is_batched(t, batch) for t in tensors]
+            # Positional tensors, and the keyword tensors the user marked as batched.
+            names = self.spec.keyword_names()
+            split = [
+                is_batched(t, batch) and (k not in names or names[k] in config.batched_kwargs)
+                for k, t in enumerate(tensors)
+            ]
         self._bounds, self._split = bounds, split
         self._needs_grad = [t.requires_grad for t in tensors]
         chunks = [
@@ -167,24 +174,15 @@ class SliceRun:
                 self._offload_inputs(tensors, chunks)
         residency.attach(self.index)
         outputs: list[tuple[list[torch.Tensor], Spec]] = []
-        for chunk in chunks:
-            if not graph:
-                outputs.append(self._run_layers(chunk))
-            elif config.checkpoint_activation:
-                dummy = config.trainable_dummy if self.storage.trainable else config.frozen_dummy
-                with torch.enable_grad():
-                    result = checkpoint(
-                        self._checkpointed,
-                        dummy,
-                        *chunk,
-                        use_reentrant=True,
-                        backend=config.backend,
-                    )
-                assert self.out_spec is not None
-                outputs.append((list(result), self.out_spec))
-            else:
-                with torch.enable_grad():
-                    outputs.append(self._run_layers(chunk))
+        # A cached low-precision cast of a weight would stay on the device until the
+        # outermost autocast exits, outside the two-slice budget: cast anew instead.
+        cache = torch.is_autocast_cache_enabled()
+        if config.copy:
+            torch.set_autocast_cache_enabled(False)
+        try:
+            self._compute(chunks, outputs, graph=graph)
+        finally:
+            torch.set_autocast_cache_enabled(cache)
         residency.detach(self.index, grads_to_host=False, buffers_to_host=True)
         config.backend.mark_step()
         merged, spec, concatenated = merge(outputs, bounds, self.storage.name)
@@ -206,6 +204,33 @@ class SliceRun:
             for leaf, _ in offloaded.leaves:
                 leaf.data = placeholder(leaf)
         return results
+
+    def _compute(
+        self,
+        chunks: list[list[torch.Tensor]],
+        outputs: list[tuple[list[torch.Tensor], Spec]],
+        *,
+        graph: bool,
+    ) -> None:
+        config = self.config
+        for chunk in chunks:
+            if not graph:
+                outputs.append(self._run_layers(chunk))
+            elif config.checkpoint_activation:
+                dummy = config.trainable_dummy if self.storage.trainable else config.frozen_dummy
+                with torch.enable_grad():
+                    result = checkpoint(
+                        self._checkpointed,
+                        dummy,
+                        *chunk,
+                        use_reentrant=True,
+                        backend=config.backend,
+                    )
+                assert self.out_spec is not None
+                outputs.append((list(result), self.out_spec))
+            else:
+                with torch.enable_grad():
+                    outputs.append(self._run_layers(chunk))
 
     def _run_layers(self, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Spec]:
         args, kwargs = unflatten(self.spec, tensors)

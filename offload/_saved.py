@@ -92,7 +92,8 @@ class SavedTensors:
         owner = self._owner.get(tensor.untyped_storage().data_ptr())
         if owner is None:
             return tensor
-        return Alias(owner[0], owner[1], tensor.shape, tensor.stride(), int(tensor.storage_offset()))
+        offset = int(tensor.storage_offset())
+        return Alias(owner[0], owner[1], tensor.shape, tensor.stride(), offset)
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         if isinstance(saved, _Outer):

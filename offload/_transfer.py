@@ -55,8 +55,7 @@ def copies_needed(device: torch.device, offload_device: torch.device) -> bool:
 
 
 def resolve_backend(backend: Any) -> Accelerator:
-    """Return the backend to use: ``backend`` itself, ``get_backend(backend)`` for a name,
-    or :func:`accel.get_backend` for ``None``.
+    """Return ``backend``, or ``accel.get_backend(backend)`` for a name or ``None``.
 
     Raises:
         offload.OffloadConfigError: ``backend`` is neither a backend, a name nor ``None``,

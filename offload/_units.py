@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._slices import SliceStorage
 from ._state import StateMachine
+from ._storage import SliceStorage
 from ._transfer import Transfers, dense_stride
 
 __all__ = ["Mover", "Order", "Unit"]

@@ -204,3 +204,57 @@ def test_the_autocast_cache_keeps_no_cast_of_offloaded_weights(copies: None, wra
         fresh = model(torch.ones(3, 4))
     # A cached cast would still hold the weights of the first call.
     assert torch.equal(again, fresh)
+
+
+# OffloadModel: tied weights across slices, micro-batched keywords --------------------------
+
+
+class Embed(nn.Module):
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.embedding = embedding
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embedding(tokens)
+
+
+def sequential_tied(seed: int = 0) -> nn.Sequential:
+    model = tied(seed)
+    return nn.Sequential(Embed(model.embed), *model.body, model.head)
+
+
+@pytest.mark.parametrize("checkpoint_activation", [False, True], ids=["plain", "ckpt"])
+@pytest.mark.parametrize("num_slices", [2, 3, 5])
+def test_offload_model_trains_tied_weights_across_slices(
+    copy_mode: bool, num_slices: int, checkpoint_activation: bool
+) -> None:
+    expected_model = sequential_tied()
+    expected = train(expected_model)
+    layers = sequential_tied()
+    model = OffloadModel(layers, num_slices=num_slices, checkpoint_activation=checkpoint_activation)
+    actual = train(model)
+    for step_actual, step_expected in zip(actual, expected, strict=True):
+        assert_equal(step_actual, step_expected)
+    assert_equal(list(model.parameters()), list(expected_model.parameters()))
+    assert layers[-1].weight is layers[0].embedding.weight
+    assert model.is_home() and model.max_resident_slices <= 2
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) * scale  # scale: one value per feature
+
+
+def test_only_marked_keywords_are_split_into_micro_batches(copy_mode: bool) -> None:
+    torch.manual_seed(0)
+    layers = [Scaled(), Scaled()]
+    x, scale = torch.randn(5, 5), torch.linspace(0.5, 1.5, 5)  # 5 samples, 5 features
+    expected = layers[1](layers[0](x, scale=scale), scale=scale)
+    model = OffloadModel(layers, num_slices=2, num_microbatches=2)
+    torch.testing.assert_close(model(x, scale=scale), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(Exception, match="batched_kwargs must be a sequence of keyword names"):
+        OffloadModel([Scaled()], batched_kwargs="scale")
