@@ -24,7 +24,6 @@ so offloading stays in force as long as the model lives, until :meth:`remove`.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -37,33 +36,13 @@ from accel import Accelerator
 from checkpointing import is_recomputing
 
 from ._errors import OffloadStateError
+from ._registry import ACTIVE, ACTIVE_LOCK
 from ._saved import Alias, SavedTensors
 from ._state import State
 from ._transfer import Transfers
-from ._units import Mover, Order, Unit
+from ._units import Mover, Order, Unit, output_tensors, restored
 
-__all__ = ["ParameterOffload", "active_offloads", "offloaded_roots"]
-
-# Model -> its handle, both weak: the model keeps its handle alive through its hooks, and
-# a model dropped without remove() must not be kept alive by this registry.
-_ACTIVE: weakref.WeakKeyDictionary[nn.Module, weakref.ref[ParameterOffload]] = (
-    weakref.WeakKeyDictionary()
-)
-_ACTIVE_LOCK = threading.Lock()
-
-
-def active_offloads(module: nn.Module) -> list[ParameterOffload]:
-    """Return the parameter offloads installed on ``module`` or any of its submodules."""
-    with _ACTIVE_LOCK:
-        refs = [_ACTIVE.get(m) for m in module.modules()]
-    handles = [ref() for ref in refs if ref is not None]
-    return [handle for handle in handles if handle is not None]
-
-
-def offloaded_roots() -> list[nn.Module]:
-    """Return every model whose parameters are offloaded now."""
-    with _ACTIVE_LOCK:
-        return list(_ACTIVE.keys())
+__all__ = ["ParameterOffload"]
 
 
 class ParameterOffload:
@@ -103,8 +82,8 @@ class ParameterOffload:
         self._removed = False
         self._handles: list[RemovableHandle] = []
         self._install_hooks()
-        with _ACTIVE_LOCK:
-            _ACTIVE[module] = weakref.ref(self)
+        with ACTIVE_LOCK:
+            ACTIVE[module] = weakref.ref(self)
 
     @classmethod
     def of(cls, module: nn.Module) -> ParameterOffload | None:
@@ -113,8 +92,8 @@ class ParameterOffload:
         Offloading stays in force until :meth:`remove`, even when the handle returned by
         :func:`offload.offload_parameters` was not kept: this gets it back.
         """
-        with _ACTIVE_LOCK:
-            ref = _ACTIVE.get(module)
+        with ACTIVE_LOCK:
+            ref = ACTIVE.get(module)
         return None if ref is None else ref()
 
     # Read-only views -------------------------------------------------------------------
@@ -213,7 +192,7 @@ class ParameterOffload:
             if not unit.attached:
                 self._mover.drop(unit)
         if output is not None and torch.is_grad_enabled():
-            for tensor in _tensors(output):
+            for tensor in output_tensors(output):
                 if tensor.requires_grad:
                     tensor.register_hook(_weak(self, "_root_pre_backward"))
 
@@ -263,7 +242,7 @@ class ParameterOffload:
                 self._mover.drop(unit)
         if output is not None and torch.is_grad_enabled():
             hook = _weak(self, "_pre_backward", unit, drop_args=True)
-            for tensor in _tensors(output):
+            for tensor in output_tensors(output):
                 if tensor.requires_grad:
                     registered = tensor.__dict__.setdefault("_offload_pre_backward", set())
                     if (id(self), unit.index) not in registered:
@@ -380,16 +359,16 @@ class ParameterOffload:
         self._handles.clear()
         with torch.no_grad():
             for tensor, device, stride in self._origins:
-                tensor.data = _restored(tensor.data, device, stride)
+                tensor.data = restored(tensor.data, device, stride)
                 if isinstance(tensor, nn.Parameter) and tensor.grad is not None:
-                    tensor.grad = _restored(tensor.grad, device, stride)
+                    tensor.grad = restored(tensor.grad, device, stride)
         for unit in self._units:
             unit.storage.flats.clear()
         self._removed = True
-        with _ACTIVE_LOCK:
-            ref = _ACTIVE.get(self.module)
+        with ACTIVE_LOCK:
+            ref = ACTIVE.get(self.module)
             if ref is not None and ref() is self:
-                del _ACTIVE[self.module]
+                del ACTIVE[self.module]
 
     def __repr__(self) -> str:
         return (
@@ -410,21 +389,3 @@ def _weak(
             getattr(target, method)(*(() if drop_args else args), *bound)
 
     return hook
-
-
-def _restored(tensor: torch.Tensor, device: torch.device, stride: tuple[int, ...]) -> torch.Tensor:
-    fresh = torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=device)
-    fresh.copy_(tensor)
-    return fresh
-
-
-def _tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if depth > 4:
-        return []
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item, depth + 1)]
-    if isinstance(value, list | tuple):
-        return [t for item in value for t in _tensors(item, depth + 1)]
-    return []

@@ -3,10 +3,10 @@
 The model is split into slices balanced by parameter bytes. The slices live in pinned
 host memory and come to the device one at a time, in forward and again in backward,
 the next one loading on a copy stream while the current one computes (see
-:mod:`offload._slices` for the double buffering and :mod:`offload._pass` for the
-per-slice autograd Function). Gradients are copied back to the host as each slice's
-backward ends, so an optimizer over the host parameters can step right after
-``backward`` returns.
+:mod:`offload._slices` for the double buffering, :mod:`offload._run` and
+:mod:`offload._pass` for the per-slice autograd Function). Gradients are copied back
+to the host as each slice's backward ends, so an optimizer over the host parameters
+can step right after ``backward`` returns.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from accel import Accelerator
 
 from . import _transfer
 from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
-from ._pass import Config, Pass, parameter_bytes, run_slice
+from ._run import Config, Pass, parameter_bytes, run_slice
 from ._slices import Residency
 from ._state import State, StateMachine
 from ._storage import SliceStorage, partition
@@ -58,12 +58,17 @@ class OffloadModel(nn.Module):
 
     The constructor is compatible with fairscale's ``OffloadModel``. The layers are split
     into ``num_slices`` consecutive slices balanced by parameter bytes. Each slice's
-    parameters and buffers are packed into host memory (pinned once, here). Forward and
+    parameters and buffers are packed into page-locked host memory, once. Forward and
     backward bring one slice at a time to the device and load the next one on a copy
     stream while the current one computes; at most two slices are on the device at once.
     Gradients end up in host memory, next to the parameters, so an optimizer over
     ``model.parameters()`` steps on the host; ``backward`` waits for the last copy, so
-    they are ready when it returns.
+    they are ready when it returns. A gradient handed out is never rewritten by a later
+    step: after ``zero_grad(set_to_none=True)`` the next backward gives new host tensors.
+    Tensors used by several slices (tied weights) are packed once and loaded with every
+    slice that uses them; their gradient sums those slices' contributions.
+    ``state_dict()`` has the wrapped model's own keys, so checkpoints move between the
+    wrapper and the plain model.
 
     The layers are called as ``out = layer(*out, **kwargs)``: a tuple returned by a layer
     becomes the next layer's positional arguments, and the keyword arguments of
@@ -86,17 +91,22 @@ class OffloadModel(nn.Module):
         checkpoint_activation: Keep only the slice-boundary activations, in host memory,
             and recompute each slice in backward through :func:`checkpointing.checkpoint`
             (dropout and autocast are replayed exactly).
-        num_microbatches: Split the batch (every tensor whose first dimension is the batch
-            size of the first positional input) into this many micro-batches for each
-            slice's compute; the outputs are concatenated again. Layers that mix samples
-            (batch norm) then see each micro-batch on its own.
-        backend: The backend; ``None`` means :func:`accel.get_backend`.
+        num_microbatches: Split the batch into this many micro-batches for each slice's
+            compute; the outputs are concatenated again. Split are the positional tensors
+            whose first dimension is the batch size (that of the first positional input)
+            and the keyword tensors named in ``batched_kwargs``; everything else goes
+            whole to every micro-batch. Layers that mix samples (batch norm) then see
+            each micro-batch on its own.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+        batched_kwargs: Keyword arguments whose tensors hold one row per sample, split
+            with the batch (e.g. ``("attention_mask",)``).
 
     Raises:
-        offload.UnsupportedModelError: ``model`` is neither sequential nor a list of modules.
+        offload.UnsupportedModelError: ``model`` is neither sequential nor a list of
+            modules, or has no layers.
         offload.OffloadConfigError: More slices than layers, a bad count, a device the
-            backend cannot use, a non-host ``offload_device``, or parameters shared
-            between slices.
+            backend cannot use, a non-host ``offload_device``, a bad ``backend`` or
+            ``batched_kwargs``.
 
     Limitations: backward is ``loss.backward()`` (or :meth:`offload.Engine.backward`),
     not ``torch.autograd.grad``; one backward per forward; a slice's first layer must

@@ -19,7 +19,8 @@ from accel import Accelerator
 
 from . import _transfer
 from ._errors import OffloadConfigError
-from ._handle import ParameterOffload, active_offloads, offloaded_roots
+from ._handle import ParameterOffload
+from ._registry import active_offloads, offloaded_roots
 from ._state import StateMachine
 from ._storage import SliceStorage
 from ._transfer import Transfers, resolve_backend, resolve_device

@@ -22,7 +22,7 @@ from ._state import StateMachine
 from ._storage import SliceStorage
 from ._transfer import Transfers, dense_stride
 
-__all__ = ["Mover", "Order", "Unit"]
+__all__ = ["Mover", "Order", "Unit", "output_tensors", "restored"]
 
 
 @dataclass
@@ -231,3 +231,23 @@ class Mover:
         unit.flats = None
         unit.device_grads = None
         unit.loaded = None
+
+
+def restored(tensor: torch.Tensor, device: torch.device, stride: tuple[int, ...]) -> torch.Tensor:
+    """Return a copy of ``tensor`` on ``device`` with ``stride``."""
+    fresh = torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=device)
+    fresh.copy_(tensor)
+    return fresh
+
+
+def output_tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Return the tensors in a module's output (also inside lists, tuples and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 4:
+        return []
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in output_tensors(item, depth + 1)]
+    if isinstance(value, list | tuple):
+        return [t for item in value for t in output_tensors(item, depth + 1)]
+    return []
