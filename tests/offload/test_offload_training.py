@@ -32,12 +32,13 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> None:
 class Tied(nn.Module):
     """An embedding shared with the output projection, as in GPT-2."""
 
-    def __init__(self, vocab: int = 11, width: int = 8) -> None:
+    def __init__(self, vocab: int = 11, width: int = 8, tie: bool = True) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.body = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width))
         self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.embed.weight
+        if tie:
+            self.head.weight = self.embed.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(self.embed(tokens)))
@@ -46,6 +47,11 @@ class Tied(nn.Module):
 def tied(seed: int = 0) -> Tied:
     torch.manual_seed(seed)
     return Tied()
+
+
+def untied(seed: int = 0) -> Tied:
+    torch.manual_seed(seed)
+    return Tied(tie=False)
 
 
 def tokens(step: int) -> torch.Tensor:
@@ -106,8 +112,9 @@ def test_a_kept_gradient_is_never_rewritten(copies: None, wrapper: str) -> None:
     torch.manual_seed(0)
     layers = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
     model: nn.Module = layers
+    handles = []
     if wrapper == "offload_parameters":
-        offload_parameters(layers)
+        handles.append(offload_parameters(layers))
     else:
         model = OffloadModel(layers, num_slices=2)
     first = layers[0].weight
@@ -123,6 +130,7 @@ def test_a_kept_gradient_is_never_rewritten(copies: None, wrapper: str) -> None:
     held = first.grad
     model(torch.randn(3, 4)).sum().backward()
     assert first.grad is held
+    assert all(handle.is_home() for handle in handles)
 
 
 # 3. The user's saved-tensor hooks --------------------------------------------------------
@@ -147,9 +155,9 @@ def test_the_users_saved_tensor_hooks_still_see_the_activations(copies: None) ->
         out.square().mean().backward()
         return len(counted), [p.grad for p in parameters]
 
-    plain = tied()
+    plain = untied()
     expected, expected_grads = count_packs(plain, list(plain.parameters()))
-    model = tied()
+    model = untied()
     handle = offload_parameters(model)
     actual, grads = count_packs(model, list(model.parameters()))
     assert expected > 0 and actual == expected
@@ -161,8 +169,8 @@ def test_the_users_saved_tensor_hooks_still_see_the_activations(copies: None) ->
 
 
 def test_offloading_stays_in_force_without_the_handle(copies: None) -> None:
-    expected = train(tied())
-    model = tied()
+    expected = train(untied())
+    model = untied()
     offload_parameters(model)  # used as a statement, like apply_activation_checkpointing
     gc.collect()
     handle = ParameterOffload.of(model)
@@ -194,8 +202,9 @@ def test_the_autocast_cache_keeps_no_cast_of_offloaded_weights(copies: None, wra
     torch.manual_seed(0)
     layers = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
     model: nn.Module = layers
+    handles = []
     if wrapper == "offload_parameters":
-        offload_parameters(layers)
+        handles.append(offload_parameters(layers))
     else:
         model = OffloadModel(layers, num_slices=2)
     again = _changed_in_place(model)
