@@ -68,13 +68,17 @@ def resolve_backend(backend: Any) -> Accelerator:
             return accel.get_backend(backend)
         except AccelError as exc:
             raise OffloadConfigError(f"offload: backend={backend!r} cannot be used: {exc}") from exc
-    if not isinstance(backend, Accelerator):
+    # hasattr, not isinstance: Python 3.12+ checks protocols without __getattr__, which
+    # delegating backends (RecordingBackend) rely on.
+    missing = [member for member in accel.protocol_members() if not hasattr(backend, member)]
+    if missing:
         raise OffloadConfigError(
             f"offload: backend must be an accel backend (from accel.get_backend()), a backend "
-            f"name such as 'cuda', or None for the default, got {type(backend).__name__}; "
-            "run `python -m accel` to list the backends."
+            f"name such as 'cuda', or None for the default, got {type(backend).__name__} "
+            f"(it lacks {', '.join(missing[:3])}...); run `python -m accel` to list the "
+            "backends."
         )
-    return backend
+    return backend  # type: ignore[no-any-return]
 
 
 def resolve_device(device: Any, backend: Accelerator) -> torch.device:
