@@ -253,6 +253,9 @@ def test_configuration_errors() -> None:
     handle.remove()
     with pytest.raises(OffloadConfigError, match="not available to backend 'cpu'"):
         offload_parameters(make(), device="meta")
+    offload_parameters(make(), backend="recording").remove()  # a backend name works
+    with pytest.raises(OffloadConfigError, match=r"^offload: backend must be an accel backend"):
+        offload_parameters(make(), backend=object())  # type: ignore[arg-type]
 
 
 def test_a_dropped_model_is_not_kept_alive() -> None:
