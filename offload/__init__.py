@@ -23,9 +23,15 @@ Public names:
   at a time, the next one loading while the current one computes (fairscale's
   constructor);
 * :func:`offload_parameters` and its handle :class:`ParameterOffload`: any model, each
-  submodule's parameters loaded when it runs, driven by forward and backward hooks;
-* :class:`Engine`: backward with gradient accumulation and loss scaling, and the step;
-  :class:`LossScaler` scales losses for gradients that live on the host;
+  submodule's parameters loaded when it runs, driven by forward and backward hooks; in
+  force until :meth:`ParameterOffload.remove` (:meth:`ParameterOffload.of` finds it);
+* :class:`Engine`: backward with gradient accumulation and loss scaling, and the step
+  with gradient clipping and an LR scheduler; :class:`LossScaler` scales losses for
+  gradients that live on the host;
+
+Both wrappers handle tied weights (a parameter used by several parts is loaded with
+each and its gradient sums their uses) and hand out gradients that later steps never
+rewrite.
 * :class:`State`: the training states every offloaded unit goes through;
 * :class:`OffloadError` and its subclasses.
 """
