@@ -147,7 +147,7 @@ class ParameterOffload:
         # handle nobody keeps stays in force. Tensor hooks live in C++, where a cycle back
         # to the model could never be collected: they hold the handle weakly.
         root = self.module
-        self._handles.append(root.register_forward_pre_hook(self._root_pre_forward, prepend=True))
+        self._handles.append(root.register_forward_pre_hook(_strong(self), prepend=True))
         self._handles.append(
             root.register_forward_hook(_weak(self, "_root_post_forward"), always_call=True)
         )
@@ -375,6 +375,18 @@ class ParameterOffload:
             f"ParameterOffload(units={len(self._units)}, prefetch={self.prefetch}, "
             f"device={self.device}, state={self.state.name})"
         )
+
+
+def _strong(owner: ParameterOffload) -> Callable[[nn.Module, Any], None]:
+    """Return the root's forward pre-hook, which holds ``owner``.
+
+    A plain function: ``copy.deepcopy`` of the model shares it instead of copying the handle.
+    """
+
+    def hook(module: nn.Module, args: Any) -> None:
+        owner._root_pre_forward(module, args)
+
+    return hook
 
 
 def _weak(
