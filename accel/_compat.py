@@ -2,7 +2,8 @@
 
 Each entry names the release that changed what it papers over. Code elsewhere imports
 from here instead of comparing version numbers, so an old release can be dropped by
-deleting its entry.
+deleting its entry. This module imports torch: only modules that already need torch
+import it (``import accel`` does not).
 
 Not differences, kept here so nobody re-adds a version check for them:
 
@@ -18,13 +19,19 @@ import importlib
 from collections.abc import Callable
 from typing import Any, cast
 
-__all__ = ["FSDP2_MIN_RELEASE_OFF_CUDA", "fsdp2_fully_shard", "torch_release"]
+import torch
+
+__all__ = [
+    "FSDP2_MIN_RELEASE_OFF_CUDA",
+    "SAVED_TENSORS_HOOKS_VISIBLE",
+    "current_saved_tensors_hooks",
+    "fsdp2_fully_shard",
+    "torch_release",
+]
 
 
 def torch_release() -> tuple[int, int]:
     """Return the installed torch's (major, minor), e.g. ``(2, 4)`` for ``2.4.1+cu121``."""
-    import torch
-
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
@@ -55,11 +62,29 @@ def fsdp2_fully_shard() -> Callable[..., Any]:
         function = getattr(module, "fully_shard", None)
         if callable(function):
             return cast("Callable[..., Any]", function)
-    import torch
-
     raise ImportError(
         f"torch {torch.__version__} has no FSDP2 fully_shard (looked in "
         f"{' and '.join(_FULLY_SHARD_MODULES)}): it needs torch 2.4 or newer built with "
         "distributed support (torch.distributed.is_available()). Install such a build, "
         "or use DistributedDataParallel."
     )
+
+
+# torch 2.4 has no way to read the innermost saved_tensors_hooks from Python; torch 2.5
+# added torch._C._autograd._top_saved_tensors_default_hooks (present through 2.15).
+_top_hooks: Callable[[bool], Any] | None = getattr(
+    torch._C._autograd, "_top_saved_tensors_default_hooks", None
+)
+SAVED_TENSORS_HOOKS_VISIBLE = _top_hooks is not None
+
+
+def current_saved_tensors_hooks() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """Return the innermost active ``(pack, unpack)`` saved-tensor hooks, or ``None``.
+
+    Always ``None`` on torch 2.4, which cannot report them
+    (:data:`SAVED_TENSORS_HOOKS_VISIBLE` is then false).
+    """
+    if _top_hooks is None:
+        return None
+    hooks = _top_hooks(False)
+    return None if hooks is None else (hooks[0], hooks[1])

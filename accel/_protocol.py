@@ -6,7 +6,7 @@ they have that is not here is a change to this file, never a branch on a backend
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -216,6 +216,15 @@ class Accelerator(Protocol):
         """Return ``tensor`` in memory the device can copy from asynchronously.
 
         Returns ``tensor`` itself where :attr:`supports_pinned_memory` is false.
+        """
+
+    def empty_pinned(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """Return a new, uninitialised host tensor the device can copy from asynchronously.
+
+        Allocated page-locked from the start (``pin_memory(torch.empty(...))`` would
+        allocate pageable memory and copy it); a plain ``torch.empty`` on the host where
+        :attr:`supports_pinned_memory` is false. Contiguous, on ``cpu``, never
+        initialises values (write before reading).
         """
 
     # Dtypes and distributed -----------------------------------------------------------

@@ -6,6 +6,7 @@ ordering request is already satisfied: these objects record nothing and never wa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -121,3 +122,7 @@ class WithoutDeviceMemory:
     def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         """Return ``tensor`` unchanged: see :attr:`supports_pinned_memory`."""
         return tensor
+
+    def empty_pinned(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """Return ``torch.empty(shape, dtype=dtype)``: host memory needs no pinning."""
+        return torch.empty(tuple(shape), dtype=dtype)

@@ -7,6 +7,7 @@ the module and the communication backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any
@@ -130,6 +131,10 @@ class TorchDeviceBackend:
     def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         """Return ``tensor`` in page-locked memory (itself if already pinned)."""
         return tensor if tensor.is_pinned() else tensor.pin_memory()
+
+    def empty_pinned(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """Return a new page-locked host tensor, allocated pinned (no pageable copy)."""
+        return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
 
     def is_bf16_supported(self) -> bool:
         """Return whether the current device computes in bfloat16."""

@@ -16,6 +16,9 @@ On a backend without streams (the host), device and offload device are both the 
 the script reports the wrapper's own overhead, the median step time (forward, backward,
 SGD step) of ``OffloadModel(num_slices=3)`` over the plain model (target < 1.05x).
 
+With ``--host-copies LABEL`` it reports instead, per training step, the host copies made
+by pinning and the host memory allocated for transfers (see ``_host_copies.py``).
+
 Usage: python benchmarks/bench_offload.py [--backend NAME] [--steps N] [--budget-gib G]
 """
 
@@ -341,6 +344,30 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
     }
 
 
+def host_copies(label: str) -> None:
+    from _host_copies import measure
+
+    payload = measure()
+    rows = [
+        (
+            name,
+            f"{figures['host_copies_per_step']:.1f}",
+            f"{figures['host_copied_bytes_per_step'] / 2**20:.2f} MiB",
+            f"{figures['host_allocated_bytes_per_step'] / 2**20:.2f} MiB",
+            f"{figures['setup_host_copies']} / "
+            f"{figures['setup_host_allocated_bytes'] / 2**20:.2f} MiB",
+        )
+        for name, figures in payload["workloads"].items()
+    ]
+    print(f"{label}: per step, every device copy forced on, pinning counted\n")
+    print_table(
+        ("workload", "host copies", "copied", "host memory allocated", "setup: copies / memory"),
+        rows,
+    )
+    path = write_results("offload-host-copies", label, {"mode": "host copies", **payload})
+    print(f"\nwrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=None, help="backend name (default: auto)")
@@ -355,8 +382,17 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="host threads in host mode (0: torch's default)"
     )
+    parser.add_argument(
+        "--host-copies",
+        default=None,
+        metavar="LABEL",
+        help="report host memory and host copies per step instead, labelled LABEL",
+    )
     args = parser.parse_args()
 
+    if args.host_copies:
+        host_copies(args.host_copies)
+        return
     backend = accel.get_backend(args.backend)
     if backend.supports_streams:
         args.steps = args.steps or 5

@@ -2,7 +2,7 @@
 
 A checkpoint keeps only its inputs alive until backward; with ``offload_to_cpu`` those
 inputs move to host memory as well. The copy to the host goes to page-locked memory
-(``backend.pin_memory``) on a side stream (``backend.Stream()``) where the backend
+(``backend.empty_pinned``) on a side stream (``backend.Stream()``) where the backend
 has them, so it overlaps with the checkpointed function's own work, and is ordered
 with events:
 
@@ -86,7 +86,11 @@ def stash(tensor: torch.Tensor, backend: Accelerator) -> torch.Tensor | HostCopy
 def copy_to_host(tensor: torch.Tensor, backend: Accelerator) -> HostCopy:
     """Copy ``tensor`` into new host memory, asynchronously where the backend allows."""
     pinned = backend.supports_pinned_memory
-    host = backend.pin_memory(torch.empty_like(tensor, device="cpu"))
+    # Allocated pinned (no pageable block to copy), with the layout empty_like would give.
+    layout = torch.empty_like(tensor, device="meta")
+    host = backend.empty_pinned((layout.numel(),), tensor.dtype).as_strided(
+        layout.shape, layout.stride()
+    )
     data = tensor.detach()
     if not backend.supports_streams:
         host.copy_(data, non_blocking=pinned)

@@ -3,7 +3,7 @@
 Everything here talks to the device only through the :class:`accel.Accelerator`
 protocol, so the same code runs on every backend: copies go on a copy stream made with
 ``backend.Stream()`` and are ordered with events, page-locked host memory comes from
-``backend.pin_memory``, and ``backend.mark_step()`` flushes lazy graphs. On a backend
+``backend.empty_pinned``, and ``backend.mark_step()`` flushes lazy graphs. On a backend
 without streams the copies simply run in order; when the device is the host nothing is
 copied at all.
 
@@ -23,9 +23,15 @@ Public names:
   at a time, the next one loading while the current one computes (fairscale's
   constructor);
 * :func:`offload_parameters` and its handle :class:`ParameterOffload`: any model, each
-  submodule's parameters loaded when it runs, driven by forward and backward hooks;
-* :class:`Engine`: backward with gradient accumulation and loss scaling, and the step;
-  :class:`LossScaler` scales losses for gradients that live on the host;
+  submodule's parameters loaded when it runs, driven by forward and backward hooks; in
+  force until :meth:`ParameterOffload.remove` (:meth:`ParameterOffload.of` finds it);
+* :class:`Engine`: backward with gradient accumulation and loss scaling, and the step
+  with gradient clipping and an LR scheduler; :class:`LossScaler` scales losses for
+  gradients that live on the host;
+
+Both wrappers handle tied weights (a parameter used by several parts is loaded with
+each and its gradient sums their uses) and hand out gradients that later steps never
+rewrite.
 * :class:`State`: the training states every offloaded unit goes through;
 * :class:`OffloadError` and its subclasses.
 """

@@ -12,9 +12,10 @@ layer, as in::
 dicts are refused with a clear error, since they could be neither moved nor
 differentiated.
 
-Micro-batches split every tensor whose first dimension is the batch size
-(:func:`chunk_bounds` gives the same bounds as ``torch.tensor_split``: unequal last
-chunks are fine); other tensors and values go whole to every micro-batch.
+Micro-batches split the positional tensors whose first dimension is the batch size, and
+the keyword tensors the user marked as batched (:func:`chunk_bounds` gives the same
+bounds as ``torch.tensor_split``: unequal last chunks are fine); other tensors and
+values go whole to every micro-batch.
 :func:`merge` joins the micro-batches' outputs again.
 """
 
@@ -55,6 +56,10 @@ class Spec:
     def keyword_indices(self) -> frozenset[int]:
         """Indices of the tensors that are keyword values."""
         return frozenset(v.index for _, v in self.kwargs if isinstance(v, _Slot))
+
+    def keyword_names(self) -> dict[int, str]:
+        """The keyword of each tensor that is a keyword value, by tensor index."""
+        return {v.index: name for name, v in self.kwargs if isinstance(v, _Slot)}
 
     def same_values(self, other: Spec) -> bool:
         """Whether ``other`` has the same slots and equal non-tensor values."""

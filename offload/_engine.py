@@ -7,9 +7,14 @@ The contract, written down (DeepSpeed's engine leaves parts of it implicit):
   backward, and calls ``backend.mark_step()``. Gradients accumulate in ``.grad`` (on
   the host for offloaded parameters).
 * :meth:`Engine.step` is called after every backward. Only at an accumulation boundary
-  does it wait for the device, unscale the gradients, skip the step if any of them is
-  inf or NaN (under loss scaling), step the optimizer, zero the gradients, update the
-  scale and call ``backend.mark_step()``.
+  (every ``gradient_accumulation_steps``-th call, or one forced with
+  :meth:`Engine.set_gradient_accumulation_boundary`) does it wait for the device,
+  unscale the gradients, skip the step if any of them is inf or NaN (under loss
+  scaling), clip the unscaled gradients' norm to ``gradient_clipping``, step the
+  optimizer and then the LR scheduler, zero the gradients, update the scale and call
+  ``backend.mark_step()``. A skipped step does not advance the scheduler.
+* :meth:`Engine.step` without an :meth:`Engine.backward` since the previous step
+  raises: it would count a step that has no gradients.
 * An exception in backward brings every offloaded parameter and gradient home
   (:meth:`offload.OffloadModel.recover`, :meth:`offload.ParameterOffload.recover`)
   before it propagates.
@@ -24,13 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
-import accel
 from accel import Accelerator
 
-from ._errors import OffloadConfigError
+from ._errors import OffloadConfigError, OffloadError
 from ._model import OffloadModel
 from ._params import active_offloads
 from ._scaler import LossScaler
+from ._transfer import resolve_backend
 
 __all__ = ["Engine"]
 
@@ -66,10 +71,15 @@ class Engine:
             parameters :func:`offload.offload_parameters` offloaded).
         optimizer: The optimizer over its parameters; required by :meth:`backward`.
         gradient_accumulation_steps: Backward passes per optimizer step.
-        backend: The backend; ``None`` means :func:`accel.get_backend`.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
         loss_scale: Loss scaling for float16: ``None`` (off), ``"dynamic"``, a number
             (static scale) or a :class:`offload.LossScaler`. The scaler works on host
             gradients; see :class:`offload.LossScaler`.
+        gradient_clipping: Clip the gradients' total 2-norm to this value at each
+            boundary, after unscaling (DeepSpeed's name); ``None`` or ``0`` turns it off.
+            :attr:`grad_norm` holds the norm before clipping.
+        lr_scheduler: Stepped after each optimizer step (an object with ``step()``,
+            such as ``torch.optim.lr_scheduler.LambdaLR``).
     """
 
     def __init__(
@@ -78,22 +88,43 @@ class Engine:
         optimizer: torch.optim.Optimizer | None = None,
         *,
         gradient_accumulation_steps: int = 1,
-        backend: Accelerator | None = None,
+        backend: Accelerator | str | None = None,
         loss_scale: float | str | LossScaler | None = None,
+        gradient_clipping: float | None = None,
+        lr_scheduler: Any = None,
     ) -> None:
         steps = gradient_accumulation_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise OffloadConfigError(
                 f"offload: gradient_accumulation_steps must be an int >= 1, got {steps!r}."
             )
+        clip = gradient_clipping
+        if clip is not None and (
+            isinstance(clip, bool) or not isinstance(clip, int | float) or not clip >= 0
+        ):
+            raise OffloadConfigError(
+                f"offload: gradient_clipping must be a number >= 0 (the largest gradient "
+                f"norm; 0 or None turns clipping off), got {clip!r}."
+            )
+        if lr_scheduler is not None and not callable(getattr(lr_scheduler, "step", None)):
+            raise OffloadConfigError(
+                f"offload: lr_scheduler must have a step() method (a torch.optim.lr_scheduler "
+                f"object), got {type(lr_scheduler).__name__}."
+            )
         self.model = model
         self.optimizer = optimizer
         self.gradient_accumulation_steps = steps
-        self.backend = accel.get_backend() if backend is None else backend
+        self.backend = resolve_backend(backend)
         self.scaler = _scaler(loss_scale)
+        self.gradient_clipping = float(clip) if clip else None
+        self.lr_scheduler = lr_scheduler
+        self.grad_norm: float | None = None
         self.micro_steps = 0
         self.global_steps = 0
         self.skipped_steps = 0
+        self._since_boundary = 0
+        self._forced_boundary = False
+        self._backward_since_step = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the model's forward.
@@ -119,7 +150,17 @@ class Engine:
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """Whether the next :meth:`step` steps the optimizer."""
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
+        return self._forced_boundary or self._since_boundary + 1 >= self.gradient_accumulation_steps
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool = True) -> None:
+        """Make the next :meth:`step` a boundary (or not) whatever the count says.
+
+        For the last, incomplete accumulation of an epoch: call it before that step's
+        forward (so a DDP model synchronises) and the step updates the weights with the
+        gradients accumulated so far; the count starts again after it. The losses were
+        divided by ``gradient_accumulation_steps`` all the same.
+        """
+        self._forced_boundary = bool(is_boundary)
 
     def backward(
         self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
@@ -168,6 +209,7 @@ class Engine:
         except BaseException:
             self._recover()
             raise
+        self._backward_since_step = True
         self.backend.mark_step()
         return scaled
 
@@ -179,7 +221,17 @@ class Engine:
             boundary whose gradients overflowed under loss scaling (the step is skipped,
             a warning is logged on the ``offload`` logger and :attr:`skipped_steps`
             grows).
+
+        Raises:
+            offload.OffloadError: No :meth:`backward` ran since the previous step.
+            offload.OffloadConfigError: The engine has no optimizer.
         """
+        if not self._backward_since_step:
+            raise OffloadError(
+                "offload: Engine.step() was called without an Engine.backward(loss) since "
+                "the previous step, so there are no new gradients to count or apply; call "
+                "engine.backward(loss) before each engine.step()."
+            )
         stepped = False
         if self.is_gradient_accumulation_boundary():
             if self.optimizer is None:
@@ -187,29 +239,45 @@ class Engine:
                     "offload: Engine.step needs an optimizer; construct the engine with "
                     "Engine(model, optimizer)."
                 )
-            self.backend.synchronize()
-            found_inf = False
-            if self.scaler is not None:
-                parameters = [p for g in self.optimizer.param_groups for p in g["params"]]
-                found_inf = self.scaler.unscale_(parameters)
-            if found_inf:
-                assert self.scaler is not None
-                self.skipped_steps += 1
-                logger.warning(
-                    "offload: skipped optimizer step %d: gradients overflowed (inf/NaN) at "
-                    "loss scale %g; the next step uses a smaller scale.",
-                    self.global_steps,
-                    self.scaler.scale,
-                )
-            else:
-                self.optimizer.step()
-                stepped = True
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.scaler is not None:
-                self.scaler.update(found_inf)
-            self.global_steps += 1
-            self.backend.mark_step()
+            stepped = self._boundary(self.optimizer)
+            self._since_boundary = 0
+            self._forced_boundary = False
+        else:
+            self._since_boundary += 1
+        self._backward_since_step = False
         self.micro_steps += 1
+        return stepped
+
+    def _boundary(self, optimizer: torch.optim.Optimizer) -> bool:
+        self.backend.synchronize()
+        parameters = [p for g in optimizer.param_groups for p in g["params"]]
+        found_inf = False
+        if self.scaler is not None:
+            found_inf = self.scaler.unscale_(parameters)
+        stepped = False
+        if found_inf:
+            assert self.scaler is not None
+            self.skipped_steps += 1
+            logger.warning(
+                "offload: skipped optimizer step %d: gradients overflowed (inf/NaN) at "
+                "loss scale %g; the next step uses a smaller scale.",
+                self.global_steps,
+                self.scaler.scale,
+            )
+        else:
+            if self.gradient_clipping is not None:
+                with_grads = [p for p in parameters if p.grad is not None]
+                norm = torch.nn.utils.clip_grad_norm_(with_grads, self.gradient_clipping)
+                self.grad_norm = float(norm)
+            optimizer.step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            stepped = True
+        optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.update(found_inf)
+        self.global_steps += 1
+        self.backend.mark_step()
         return stepped
 
     def _recover(self) -> None:

@@ -3,10 +3,10 @@
 The model is split into slices balanced by parameter bytes. The slices live in pinned
 host memory and come to the device one at a time, in forward and again in backward,
 the next one loading on a copy stream while the current one computes (see
-:mod:`offload._slices` for the double buffering and :mod:`offload._pass` for the
-per-slice autograd Function). Gradients are copied back to the host as each slice's
-backward ends, so an optimizer over the host parameters can step right after
-``backward`` returns.
+:mod:`offload._slices` for the double buffering, :mod:`offload._run` and
+:mod:`offload._pass` for the per-slice autograd Function). Gradients are copied back
+to the host as each slice's backward ends, so an optimizer over the host parameters
+can step right after ``backward`` returns.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
-import accel
 from accel import Accelerator
 
 from . import _transfer
 from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
-from ._pass import Config, Pass, parameter_bytes, run_slice
-from ._slices import Residency, SliceStorage, partition
+from ._run import Config, Pass, parameter_bytes, run_slice
+from ._slices import Residency
 from ._state import State, StateMachine
-from ._transfer import HostPool, Transfers, resolve_device
+from ._storage import SliceStorage, partition
+from ._transfer import HostPool, Transfers, resolve_backend, resolve_device
 
 __all__ = ["OffloadModel"]
 
@@ -58,12 +58,17 @@ class OffloadModel(nn.Module):
 
     The constructor is compatible with fairscale's ``OffloadModel``. The layers are split
     into ``num_slices`` consecutive slices balanced by parameter bytes. Each slice's
-    parameters and buffers are packed into host memory (pinned once, here). Forward and
+    parameters and buffers are packed into page-locked host memory, once. Forward and
     backward bring one slice at a time to the device and load the next one on a copy
     stream while the current one computes; at most two slices are on the device at once.
     Gradients end up in host memory, next to the parameters, so an optimizer over
     ``model.parameters()`` steps on the host; ``backward`` waits for the last copy, so
-    they are ready when it returns.
+    they are ready when it returns. A gradient handed out is never rewritten by a later
+    step: after ``zero_grad(set_to_none=True)`` the next backward gives new host tensors.
+    Tensors used by several slices (tied weights) are packed once and loaded with every
+    slice that uses them; their gradient sums those slices' contributions.
+    ``state_dict()`` has the wrapped model's own keys, so checkpoints move between the
+    wrapper and the plain model.
 
     The layers are called as ``out = layer(*out, **kwargs)``: a tuple returned by a layer
     becomes the next layer's positional arguments, and the keyword arguments of
@@ -86,17 +91,22 @@ class OffloadModel(nn.Module):
         checkpoint_activation: Keep only the slice-boundary activations, in host memory,
             and recompute each slice in backward through :func:`checkpointing.checkpoint`
             (dropout and autocast are replayed exactly).
-        num_microbatches: Split the batch (every tensor whose first dimension is the batch
-            size of the first positional input) into this many micro-batches for each
-            slice's compute; the outputs are concatenated again. Layers that mix samples
-            (batch norm) then see each micro-batch on its own.
-        backend: The backend; ``None`` means :func:`accel.get_backend`.
+        num_microbatches: Split the batch into this many micro-batches for each slice's
+            compute; the outputs are concatenated again. Split are the positional tensors
+            whose first dimension is the batch size (that of the first positional input)
+            and the keyword tensors named in ``batched_kwargs``; everything else goes
+            whole to every micro-batch. Layers that mix samples (batch norm) then see
+            each micro-batch on its own.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+        batched_kwargs: Keyword arguments whose tensors hold one row per sample, split
+            with the batch (e.g. ``("attention_mask",)``).
 
     Raises:
-        offload.UnsupportedModelError: ``model`` is neither sequential nor a list of modules.
+        offload.UnsupportedModelError: ``model`` is neither sequential nor a list of
+            modules, or has no layers.
         offload.OffloadConfigError: More slices than layers, a bad count, a device the
-            backend cannot use, a non-host ``offload_device``, or parameters shared
-            between slices.
+            backend cannot use, a non-host ``offload_device``, a bad ``backend`` or
+            ``batched_kwargs``.
 
     Limitations: backward is ``loss.backward()`` (or :meth:`offload.Engine.backward`),
     not ``torch.autograd.grad``; one backward per forward; a slice's first layer must
@@ -112,12 +122,26 @@ class OffloadModel(nn.Module):
         num_slices: int = 3,
         checkpoint_activation: bool = False,
         num_microbatches: int = 1,
-        backend: Accelerator | None = None,
+        backend: Accelerator | str | None = None,
+        *,
+        batched_kwargs: Sequence[str] = (),
     ) -> None:
         super().__init__()
         layers = _layers(model)
+        if isinstance(batched_kwargs, str) or not all(
+            isinstance(name, str) for name in batched_kwargs
+        ):
+            raise OffloadConfigError(
+                f"offload: batched_kwargs must be a sequence of keyword names, got "
+                f"{batched_kwargs!r}; e.g. batched_kwargs=('attention_mask',)."
+            )
+        batched = frozenset(batched_kwargs)
         if not layers:
-            raise UnsupportedModelError("offload: OffloadModel got a model without layers.")
+            raise UnsupportedModelError(
+                f"offload: OffloadModel got an empty {type(model).__name__} (no layers), so "
+                "there is nothing to split into slices; pass the model's layers in order, "
+                "e.g. OffloadModel(nn.Sequential(*blocks)), with at least num_slices of them."
+            )
         for name, value in (("num_slices", num_slices), ("num_microbatches", num_microbatches)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OffloadConfigError(f"offload: {name} must be a positive int, got {value!r}.")
@@ -127,7 +151,7 @@ class OffloadModel(nn.Module):
                 f"layers; every slice needs at least one layer. Pass num_slices <= "
                 f"{len(layers)}, or split large layers into several modules."
             )
-        backend = accel.get_backend() if backend is None else backend
+        backend = resolve_backend(backend)
         compute_device = resolve_device(device, backend)
         home = torch.device(offload_device)
         if home.type != "cpu":
@@ -139,21 +163,15 @@ class OffloadModel(nn.Module):
         if not copy:
             self.module.to(compute_device)
         runs = partition([parameter_bytes(layer) for layer in layers], num_slices)
-        _check_not_shared(layers, runs)
         transfers = Transfers(backend)
-        storages = [
-            SliceStorage.for_layers(
-                index, layers[run.start : run.stop], run.start, transfers, copy=copy
-            )
-            for index, run in enumerate(runs)
-        ]
+        storages, shared = _pack_slices(layers, runs, transfers, copy=copy)
         self._backend = backend
         self._device = compute_device
         self._offload_device = home
         self._runs = tuple((run.start, run.stop) for run in runs)
         self._storages = storages
         self._state = StateMachine("OffloadModel")
-        self._residency = Residency(storages, transfers, compute_device, copy=copy)
+        self._residency = Residency(storages, transfers, compute_device, copy=copy, shared=shared)
         self._config = Config(
             backend=backend,
             device=compute_device,
@@ -164,6 +182,7 @@ class OffloadModel(nn.Module):
             state=self._state,
             checkpoint_activation=bool(checkpoint_activation),
             num_microbatches=num_microbatches,
+            batched_kwargs=batched,
             copy=copy,
             trainable_dummy=torch.empty(0, requires_grad=True),
             frozen_dummy=torch.empty(0),
@@ -171,6 +190,9 @@ class OffloadModel(nn.Module):
         self.num_slices = num_slices
         self.checkpoint_activation = bool(checkpoint_activation)
         self.num_microbatches = num_microbatches
+        self.batched_kwargs = batched
+        self._register_state_dict_hook(_strip_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
 
     # Read-only views -------------------------------------------------------------------
 
@@ -298,17 +320,83 @@ class OffloadModel(nn.Module):
         )
 
 
-def _check_not_shared(layers: Sequence[nn.Module], runs: Sequence[range]) -> None:
-    owner: dict[int, int] = {}
+def _pack_slices(
+    layers: Sequence[nn.Module], runs: Sequence[range], transfers: Transfers, *, copy: bool
+) -> tuple[list[SliceStorage], list[tuple[SliceStorage, list[int]]]]:
+    """Pack each slice's tensors; tensors used by several slices are packed once, apart."""
+    users: dict[int, list[int]] = {}
+    tensors: dict[int, torch.Tensor] = {}
     for index, run in enumerate(runs):
-        for layer_index in run:
-            for tensor in [*layers[layer_index].parameters(), *layers[layer_index].buffers()]:
-                first = owner.setdefault(id(tensor), index)
-                if first != index:
-                    raise OffloadConfigError(
-                        f"offload: a parameter or buffer of layer {layer_index} is shared with "
-                        f"slice {first}, but it falls in slice {index}; OffloadModel moves "
-                        "each slice's tensors on their own, so shared (tied) tensors must sit "
-                        "in one slice. Put the layers that share it in one module, change "
-                        "num_slices, or use offload.offload_parameters."
-                    )
+        for layer in layers[run.start : run.stop]:
+            for tensor in [*layer.parameters(), *layer.buffers()]:
+                tensors[id(tensor)] = tensor
+                slices = users.setdefault(id(tensor), [])
+                if index not in slices:
+                    slices.append(index)
+    groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for key, slices in users.items():
+        if len(slices) > 1:
+            groups.setdefault(tuple(slices), []).append(tensors[key])
+    storages = []
+    for index, run in enumerate(runs):
+        chunk = layers[run.start : run.stop]
+        last = run.stop - 1
+        span = f"layer {run.start}" if last == run.start else f"layers {run.start}-{last}"
+        storages.append(
+            SliceStorage(
+                index,
+                f"slice {index} ({span})",
+                chunk,
+                [p for layer in chunk for p in layer.parameters() if len(users[id(p)]) == 1],
+                [b for layer in chunk for b in layer.buffers() if len(users[id(b)]) == 1],
+                transfers,
+                copy=copy,
+            )
+        )
+    shared = []
+    for number, (users_of, group) in enumerate(groups.items()):
+        names = ", ".join(str(k) for k in users_of)
+        storage = SliceStorage(
+            len(runs) + number,
+            f"tensors shared by slices {names}",
+            [],
+            [t for t in group if isinstance(t, nn.Parameter)],
+            [t for t in group if not isinstance(t, nn.Parameter)],
+            transfers,
+            copy=copy,
+        )
+        for k in users_of:
+            # A slice whose only trainable parameters are shared still needs its backward.
+            storages[k].trainable = storages[k].trainable or storage.trainable
+        shared.append((storage, list(users_of)))
+    return storages, shared
+
+
+_PREFIX = "module."
+
+
+def _strip_prefix(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
+) -> dict[str, Any]:
+    """Save the wrapped model's keys, so that a plain model loads the checkpoint."""
+    inner = prefix + _PREFIX
+    for key in [key for key in state_dict if key.startswith(inner)]:
+        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
+    return state_dict
+
+
+def _add_prefix(
+    module: nn.Module,
+    state_dict: dict[str, Any],
+    prefix: str,
+    local_metadata: Any,
+    strict: bool,
+    missing_keys: list[str],
+    unexpected_keys: list[str],
+    error_msgs: list[str],
+) -> None:
+    """Load the plain model's keys (and, as saved before, keys with the prefix)."""
+    inner = prefix + _PREFIX
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        if not key.startswith(inner):
+            state_dict[inner + key[len(prefix) :]] = state_dict.pop(key)

@@ -1,6 +1,7 @@
 """One forward through the slices of an :class:`offload.OffloadModel`, and its backward.
 
-Each slice runs inside an autograd Function, :class:`SliceFunction`. Its forward loads
+Each slice runs inside an autograd Function, :class:`offload._run.SliceFunction`. Its
+forward loads
 the slice (prefetching the next one), computes every micro-batch, and drops the slice;
 its backward loads the slice again (prefetching the previous one, and the previous
 slice's saved inputs), back-propagates every micro-batch through the slice with a
@@ -21,76 +22,23 @@ holds no memory until backward copies the values back).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
-from accel import Accelerator
 from checkpointing import checkpoint
 
 from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
 from ._errors import OffloadError
-from ._slices import Residency, SliceStorage
-from ._state import State, StateMachine
-from ._transfer import HostPool, Transfers, dense_stride, placeholder
+from ._state import State
+from ._transfer import dense_stride, placeholder
 
-__all__ = [
-    "INVALID_USE_MESSAGE",
-    "Config",
-    "Pass",
-    "SliceFunction",
-    "SliceRun",
-    "parameter_bytes",
-    "run_slice",
-]
+if TYPE_CHECKING:
+    from ._run import Config, Pass
 
-INVALID_USE_MESSAGE = (
-    "offload: OffloadModel runs each slice's backward with a nested backward call, so it "
-    "works with loss.backward() (or Engine.backward) but not with torch.autograd.grad() "
-    "or backward(inputs=...). Call loss.backward() and read the parameters' .grad."
-)
-
-
-@dataclass
-class Config:
-    """Everything a pass needs from its model."""
-
-    backend: Accelerator
-    device: torch.device
-    slices: list[SliceStorage]
-    residency: Residency
-    transfers: Transfers
-    pool: HostPool
-    state: StateMachine
-    checkpoint_activation: bool
-    num_microbatches: int
-    copy: bool
-    trainable_dummy: torch.Tensor
-    frozen_dummy: torch.Tensor
-
-
-class Pass:
-    """One forward's slice runs, so that a slice's backward can prefetch the one before.
-
-    It holds the runs weakly: they live as long as the autograd graph that owns them.
-    """
-
-    def __init__(self, config: Config, batch: int | None) -> None:
-        self.config = config
-        self.batch = batch
-        self.first_graph: int | None = None
-        self._runs: dict[int, weakref.ref[SliceRun]] = {}
-
-    def add(self, run: SliceRun) -> None:
-        self._runs[run.index] = weakref.ref(run)
-
-    def run(self, index: int) -> SliceRun | None:
-        ref = self._runs.get(index)
-        return ref() if ref is not None else None
+__all__ = ["SliceRun"]
 
 
 @dataclass
@@ -149,7 +97,12 @@ class SliceRun:
         if len(bounds) == 1:
             split = [False] * len(tensors)
         else:
-            split = [is_batched(t, batch) for t in tensors]
+            # Positional tensors, and the keyword tensors the user marked as batched.
+            names = self.spec.keyword_names()
+            split = [
+                is_batched(t, batch) and (k not in names or names[k] in config.batched_kwargs)
+                for k, t in enumerate(tensors)
+            ]
         self._bounds, self._split = bounds, split
         self._needs_grad = [t.requires_grad for t in tensors]
         chunks = [
@@ -167,24 +120,15 @@ class SliceRun:
                 self._offload_inputs(tensors, chunks)
         residency.attach(self.index)
         outputs: list[tuple[list[torch.Tensor], Spec]] = []
-        for chunk in chunks:
-            if not graph:
-                outputs.append(self._run_layers(chunk))
-            elif config.checkpoint_activation:
-                dummy = config.trainable_dummy if self.storage.trainable else config.frozen_dummy
-                with torch.enable_grad():
-                    result = checkpoint(
-                        self._checkpointed,
-                        dummy,
-                        *chunk,
-                        use_reentrant=True,
-                        backend=config.backend,
-                    )
-                assert self.out_spec is not None
-                outputs.append((list(result), self.out_spec))
-            else:
-                with torch.enable_grad():
-                    outputs.append(self._run_layers(chunk))
+        # A cached low-precision cast of a weight would stay on the device until the
+        # outermost autocast exits, outside the two-slice budget: cast anew instead.
+        cache = torch.is_autocast_cache_enabled()
+        if config.copy:
+            torch.set_autocast_cache_enabled(False)
+        try:
+            self._compute(chunks, outputs, graph=graph)
+        finally:
+            torch.set_autocast_cache_enabled(cache)
         residency.detach(self.index, grads_to_host=False, buffers_to_host=True)
         config.backend.mark_step()
         merged, spec, concatenated = merge(outputs, bounds, self.storage.name)
@@ -206,6 +150,33 @@ class SliceRun:
             for leaf, _ in offloaded.leaves:
                 leaf.data = placeholder(leaf)
         return results
+
+    def _compute(
+        self,
+        chunks: list[list[torch.Tensor]],
+        outputs: list[tuple[list[torch.Tensor], Spec]],
+        *,
+        graph: bool,
+    ) -> None:
+        config = self.config
+        for chunk in chunks:
+            if not graph:
+                outputs.append(self._run_layers(chunk))
+            elif config.checkpoint_activation:
+                dummy = config.trainable_dummy if self.storage.trainable else config.frozen_dummy
+                with torch.enable_grad():
+                    result = checkpoint(
+                        self._checkpointed,
+                        dummy,
+                        *chunk,
+                        use_reentrant=True,
+                        backend=config.backend,
+                    )
+                assert self.out_spec is not None
+                outputs.append((list(result), self.out_spec))
+            else:
+                with torch.enable_grad():
+                    outputs.append(self._run_layers(chunk))
 
     def _run_layers(self, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Spec]:
         args, kwargs = unflatten(self.spec, tensors)
@@ -351,55 +322,3 @@ class SliceRun:
         self._released = True
         self._leaves, self._roots, self._offloaded = [], [], []
         self._restored = None
-
-
-class SliceFunction(torch.autograd.Function):
-    """Runs one :class:`SliceRun`; its inputs are the run, a dummy and the slice's tensors.
-
-    The dummy requires grad when the slice has trainable parameters, so that backward
-    reaches the slice even when none of its input tensors requires grad.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, run: SliceRun, dummy: torch.Tensor, *tensors: torch.Tensor) -> Any:
-        del dummy
-        outputs = run.forward(tensors, graph=True)
-        ctx.run = run
-        ctx.set_materialize_grads(False)
-        frozen = [t for t in outputs if not (t.is_floating_point() or t.is_complex())]
-        if frozen:
-            ctx.mark_non_differentiable(*frozen)
-        return tuple(outputs)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
-        if not torch.autograd._is_checkpoint_valid():
-            raise RuntimeError(INVALID_USE_MESSAGE)
-        run: SliceRun = ctx.run
-        return (None, None, *run.backward(grads))
-
-
-def run_slice(
-    config: Config, pass_: Pass, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], SliceRun]:
-    """Run slice ``index`` on ``args`` and ``kwargs``; return its output values and run."""
-    storage = config.slices[index]
-    tensors, spec = flatten(args, kwargs, where=f"an input of {storage.name}")
-    run = SliceRun(config, pass_, index, spec)
-    graph = torch.is_grad_enabled() and (storage.trainable or any(t.requires_grad for t in tensors))
-    if graph:
-        if pass_.first_graph is None:
-            pass_.first_graph = index
-        dummy = config.trainable_dummy if storage.trainable else config.frozen_dummy
-        outputs = list(SliceFunction.apply(run, dummy, *tensors))
-    else:
-        with torch.no_grad():
-            outputs = run.forward(tensors, graph=False)
-    assert run.out_spec is not None
-    values, _ = unflatten(run.out_spec, outputs)
-    return values, run
-
-
-def parameter_bytes(layer: nn.Module) -> int:
-    """Bytes of a layer's parameters (what a slice moves, besides small buffers)."""
-    return sum(p.numel() * p.element_size() for p in layer.parameters())

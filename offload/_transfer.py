@@ -16,18 +16,20 @@ few protocol calls that order work around it:
   ``event.synchronize()`` on the last copy).
 
 :class:`HostPool` keeps page-locked host buffers for activations so that each is
-pinned once, not once per step.
+allocated once, not once per step. Page-locked memory is allocated as such
+(``backend.empty_pinned``), never pinned from a pageable copy.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+import accel
 from accel import Accelerator, AccelError
 
 from ._errors import OffloadConfigError
@@ -38,6 +40,7 @@ __all__ = [
     "copies_needed",
     "dense_stride",
     "placeholder",
+    "resolve_backend",
     "resolve_device",
 ]
 
@@ -49,6 +52,33 @@ def copies_needed(device: torch.device, offload_device: torch.device) -> bool:
     stay where they are and every transfer is skipped.
     """
     return (device.type, device.index or 0) != (offload_device.type, offload_device.index or 0)
+
+
+def resolve_backend(backend: Any) -> Accelerator:
+    """Return ``backend``, or ``accel.get_backend(backend)`` for a name or ``None``.
+
+    Raises:
+        offload.OffloadConfigError: ``backend`` is neither a backend, a name nor ``None``,
+            or no backend has that name.
+    """
+    if backend is None:
+        return accel.get_backend()
+    if isinstance(backend, str):
+        try:
+            return accel.get_backend(backend)
+        except AccelError as exc:
+            raise OffloadConfigError(f"offload: backend={backend!r} cannot be used: {exc}") from exc
+    # hasattr, not isinstance: Python 3.12+ checks protocols without __getattr__, which
+    # delegating backends (RecordingBackend) rely on.
+    missing = [member for member in accel.protocol_members() if not hasattr(backend, member)]
+    if missing:
+        raise OffloadConfigError(
+            f"offload: backend must be an accel backend (from accel.get_backend()), a backend "
+            f"name such as 'cuda', or None for the default, got {type(backend).__name__} "
+            f"(it lacks {', '.join(missing[:3])}...); run `python -m accel` to list the "
+            "backends."
+        )
+    return backend  # type: ignore[no-any-return]
 
 
 def resolve_device(device: Any, backend: Accelerator) -> torch.device:
@@ -195,9 +225,20 @@ class Transfers:
             self._last.synchronize()
             self._last = None
 
-    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Return ``tensor`` in page-locked memory where the backend supports it."""
-        return self.backend.pin_memory(tensor)
+    def empty_host(
+        self, shape: Sequence[int], dtype: torch.dtype, stride: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Return a new host tensor, allocated page-locked where the backend supports it.
+
+        With ``stride`` (a dense layout, see :func:`dense_stride`) the tensor has those
+        strides; otherwise it is contiguous. Its values are undefined.
+        """
+        if stride is None:
+            return self.backend.empty_pinned(tuple(shape), dtype)
+        numel = 1
+        for size in shape:
+            numel *= size
+        return self.backend.empty_pinned((numel,), dtype).as_strided(tuple(shape), tuple(stride))
 
 
 _POOL_BUFFER = "_offload_pool_buffer"
@@ -207,12 +248,12 @@ class HostPool:
     """Page-locked host buffers for activations, reused across steps.
 
     :meth:`acquire` returns a buffer at least as large as asked (the smallest free one
-    that fits, else a new one, pinned once); :meth:`release` gives it back. Copies into
+    that fits, else a new one, allocated page-locked); :meth:`release` gives it back. Copies into
     and out of these buffers all run on one copy stream, so a released buffer can be
     reused by the next copy without waiting.
 
     Args:
-        transfers: Provides pinning.
+        transfers: Allocates the page-locked buffers.
     """
 
     def __init__(self, transfers: Transfers) -> None:
@@ -232,7 +273,7 @@ class HostPool:
             best = min(fitting, key=lambda k: self._free[k].numel()) if fitting else None
             buffer = self._free.pop(best) if best is not None else None
         if buffer is None:
-            buffer = self._transfers.pin(torch.empty(max(nbytes, 1), dtype=torch.uint8))
+            buffer = self._transfers.empty_host((max(nbytes, 1),), torch.uint8)
         view = buffer[:nbytes].view(like.dtype).view(like.shape)
         # The view remembers its buffer; a view never given back is freed with it.
         view.__dict__[_POOL_BUFFER] = buffer

@@ -19,6 +19,7 @@ RULES: dict[str, str] = {
     "streams": "Stream(), Event() and current_stream() give working objects, never None",
     "stream-order": "work ordered with events and wait_stream sees the producer's result",
     "pin-memory": "pin_memory keeps values and pins exactly when supported",
+    "empty-pinned": "empty_pinned(shape, dtype) allocates host memory, pinned when supported",
     "memory-stats": "memory statistics are non-negative ints that track allocations",
     "mark-step": "mark_step() is callable any time, including inside backward",
     "distributed": "communication_backend is a torch.distributed backend after preparation",

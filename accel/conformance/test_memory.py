@@ -31,6 +31,31 @@ def test_pin_memory_pins(accel_backend: Accelerator) -> None:
     )
 
 
+def _check_empty_pinned(backend: Accelerator) -> torch.Tensor:
+    block = backend.empty_pinned((3, 5), torch.float16)
+    assert isinstance(block, torch.Tensor), rule("empty-pinned", f"got {type(block).__name__}")
+    assert block.device.type == "cpu", rule("empty-pinned", f"allocated on {block.device}")
+    assert (tuple(block.shape), block.dtype) == ((3, 5), torch.float16), rule(
+        "empty-pinned", f"asked for (3, 5) float16, got {tuple(block.shape)} {block.dtype}"
+    )
+    assert block.is_contiguous(), rule("empty-pinned", "the tensor is not contiguous")
+    block.copy_(torch.ones(3, 5))
+    assert bool((block == 1).all()), rule("empty-pinned", "the tensor does not hold writes")
+    return block
+
+
+def test_empty_pinned_without_support_is_plain_host_memory(accel_backend: Accelerator) -> None:
+    if accel_backend.supports_pinned_memory:
+        pytest.skip("this backend pins memory; see test_empty_pinned_is_pinned.")
+    _check_empty_pinned(accel_backend)
+
+
+@pytest.mark.accel_requires("pinned_memory", "tensors")
+def test_empty_pinned_is_pinned(accel_backend: Accelerator) -> None:
+    block = _check_empty_pinned(accel_backend)
+    assert block.is_pinned(), rule("empty-pinned", "supports_pinned_memory but not pinned")
+
+
 def _stats(backend: Accelerator) -> tuple[int, int]:
     return backend.memory_allocated(), backend.max_memory_allocated()
 

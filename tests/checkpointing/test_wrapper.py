@@ -204,6 +204,10 @@ class _StreamingCpu(CpuBackend):
         self.log.append("pin_memory")
         return tensor.clone()
 
+    def empty_pinned(self, shape: Any, dtype: torch.dtype) -> torch.Tensor:
+        self.log.append("empty_pinned")
+        return torch.empty(tuple(shape), dtype=dtype)
+
 
 def test_copy_to_host_orders_the_side_stream() -> None:
     backend = _StreamingCpu()
@@ -212,8 +216,9 @@ def test_copy_to_host_orders_the_side_stream() -> None:
     assert isinstance(copied, HostCopy)
     assert torch.equal(copied.host, source.detach()) and copied.host is not source
     assert copied.requires_grad and copied.device == source.device
+    # Allocated pinned: no pageable block that pin_memory would copy again.
     assert backend.log[:6] == [
-        "pin_memory",
+        "empty_pinned",
         "Stream()",
         "side.wait_stream(current)",
         "enter side",
@@ -223,6 +228,14 @@ def test_copy_to_host_orders_the_side_stream() -> None:
     backend.log.clear()
     wait_for_copies([copied, torch.ones(1)], backend)
     assert backend.log == ["current.wait_event(event0)"]
+
+
+def test_copy_to_host_keeps_the_layout() -> None:
+    backend = _StreamingCpu()
+    source = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    copied = copy_to_host(source, backend)
+    assert copied.host.stride() == source.stride() and torch.equal(copied.host, source)
+    assert "pin_memory" not in backend.log
 
 
 def test_restore_copies_back_on_the_side_stream() -> None:

@@ -113,7 +113,7 @@ def test_parameter_offload_memory_is_flat() -> None:
     first, last, traced = train(step)
     assert last == first, f"{last - first} tensors leaked over {STEPS - WARMUP} steps"
     assert traced < 256 * 1024, f"{traced} bytes of Python allocations kept"
-    assert not handle._storage_owner and not handle._prefetched
+    assert not handle._mover.storage_owner and not handle._mover.prefetched
     assert handle.resident_modules == () and handle.state is State.IDLE
     handle.remove()
 

@@ -33,7 +33,7 @@ from offload import (
     UnsupportedModelError,
     _transfer,
 )
-from offload._slices import partition
+from offload._storage import partition
 
 GRAD_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
@@ -282,6 +282,7 @@ def test_several_values_and_keywords_cross_boundaries(
         num_slices=4,
         checkpoint_activation=checkpoint_activation,
         num_microbatches=num_microbatches,
+        batched_kwargs=("mask",),  # one row per sample: split with the batch
     )
     out_off, lengths_off = model(x_off, mask=mask, gain=0.5)
     out_off.sum().backward()
@@ -357,9 +358,24 @@ def test_state_dict_and_load(copy_mode: bool) -> None:
     model = OffloadModel(make_layers(), num_slices=2)
     plain = make_layers(seed=9)
     model.module.load_state_dict(plain.state_dict())
-    assert [k.removeprefix("module.") for k in model.state_dict()] == list(plain.state_dict())
     x = torch.randn(2, 6)
     assert torch.equal(model(x), plain(x))
+
+
+def test_checkpoints_move_between_wrapped_and_plain(copy_mode: bool) -> None:
+    model = OffloadModel(make_layers(seed=4), num_slices=3)
+    saved = model.state_dict()
+    assert list(saved) == list(make_layers().state_dict())  # no "module." prefix
+    plain = make_layers(seed=9)
+    plain.load_state_dict(saved)  # strict: every key matches
+    x = torch.randn(2, 6)
+    assert torch.equal(plain(x), model(x))
+    other = OffloadModel(make_layers(seed=5), num_slices=2)
+    other.load_state_dict(make_layers(seed=4).state_dict())  # a plain checkpoint
+    assert torch.equal(other(x), model(x))
+    prefixed = {f"module.{key}": value for key, value in make_layers(seed=6).state_dict().items()}
+    other.load_state_dict(prefixed)  # checkpoints saved with the prefix still load
+    assert torch.equal(other(x), make_layers(seed=6)(x))
 
 
 # Errors ----------------------------------------------------------------------------------
@@ -379,6 +395,8 @@ def test_a_model_that_is_not_sequential_is_refused_with_a_way_out() -> None:
         OffloadModel(Branchy())  # type: ignore[arg-type]
     with pytest.raises(UnsupportedModelError, match=r"not all nn\.Module"):
         OffloadModel([nn.Linear(2, 2), "relu"])  # type: ignore[list-item]
+    with pytest.raises(UnsupportedModelError, match=r"^offload: .*empty Sequential.*pass the"):
+        OffloadModel(nn.Sequential())
     assert issubclass(UnsupportedModelError, TypeError)
 
 
@@ -405,16 +423,12 @@ def test_devices_that_are_not_available() -> None:
         OffloadModel(make_layers(), backend=UnavailableBackend())
     with pytest.raises(OffloadConfigError, match="offload_device must be host memory"):
         OffloadModel(make_layers(), offload_device="meta")
+    assert OffloadModel(make_layers(), backend="recording").backend.name == "recording"
+    with pytest.raises(OffloadConfigError, match=r"^offload: backend='nope' cannot be used"):
+        OffloadModel(make_layers(), backend="nope")
+    with pytest.raises(OffloadConfigError, match=r"^offload: backend must be an accel backend"):
+        OffloadModel(make_layers(), backend=3)  # type: ignore[arg-type]
     assert issubclass(OffloadConfigError, ValueError) and issubclass(OffloadError, RuntimeError)
-
-
-def test_parameters_shared_between_slices_are_refused() -> None:
-    first = nn.Linear(4, 4)
-    second = nn.Linear(4, 4)
-    second.weight = first.weight
-    with pytest.raises(OffloadConfigError, match="shared with slice 0"):
-        OffloadModel([first, nn.ReLU(), second], num_slices=2)
-    OffloadModel([first, nn.ReLU(), second], num_slices=1)  # one slice: fine
 
 
 def test_conversions_of_the_wrapper_are_refused() -> None:

@@ -1,0 +1,131 @@
+"""Running the slices of an :class:`offload.OffloadModel`: configuration, pass, autograd.
+
+:func:`run_slice` runs one slice of a forward. With autograd recording, the slice runs
+inside :class:`SliceFunction`, whose backward is the slice's whole backward
+(:meth:`offload._pass.SliceRun.backward`); :class:`Pass` remembers one forward's slice
+runs, so that a slice's backward can prefetch the one before it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel import Accelerator
+
+from ._boundary import flatten, unflatten
+from ._pass import SliceRun
+from ._slices import Residency
+from ._state import StateMachine
+from ._storage import SliceStorage
+from ._transfer import HostPool, Transfers
+
+__all__ = [
+    "INVALID_USE_MESSAGE",
+    "Config",
+    "Pass",
+    "SliceFunction",
+    "parameter_bytes",
+    "run_slice",
+]
+
+INVALID_USE_MESSAGE = (
+    "offload: OffloadModel runs each slice's backward with a nested backward call, so it "
+    "works with loss.backward() (or Engine.backward) but not with torch.autograd.grad() "
+    "or backward(inputs=...). Call loss.backward() and read the parameters' .grad."
+)
+
+
+@dataclass
+class Config:
+    """Everything a pass needs from its model."""
+
+    backend: Accelerator
+    device: torch.device
+    slices: list[SliceStorage]
+    residency: Residency
+    transfers: Transfers
+    pool: HostPool
+    state: StateMachine
+    checkpoint_activation: bool
+    num_microbatches: int
+    batched_kwargs: frozenset[str]
+    copy: bool
+    trainable_dummy: torch.Tensor
+    frozen_dummy: torch.Tensor
+
+
+class Pass:
+    """One forward's slice runs, so that a slice's backward can prefetch the one before.
+
+    It holds the runs weakly: they live as long as the autograd graph that owns them.
+    """
+
+    def __init__(self, config: Config, batch: int | None) -> None:
+        self.config = config
+        self.batch = batch
+        self.first_graph: int | None = None
+        self._runs: dict[int, weakref.ref[SliceRun]] = {}
+
+    def add(self, run: SliceRun) -> None:
+        self._runs[run.index] = weakref.ref(run)
+
+    def run(self, index: int) -> SliceRun | None:
+        ref = self._runs.get(index)
+        return ref() if ref is not None else None
+
+
+class SliceFunction(torch.autograd.Function):
+    """Runs one :class:`SliceRun`; its inputs are the run, a dummy and the slice's tensors.
+
+    The dummy requires grad when the slice has trainable parameters, so that backward
+    reaches the slice even when none of its input tensors requires grad.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, run: SliceRun, dummy: torch.Tensor, *tensors: torch.Tensor) -> Any:
+        del dummy
+        outputs = run.forward(tensors, graph=True)
+        ctx.run = run
+        ctx.set_materialize_grads(False)
+        frozen = [t for t in outputs if not (t.is_floating_point() or t.is_complex())]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        if not torch.autograd._is_checkpoint_valid():
+            raise RuntimeError(INVALID_USE_MESSAGE)
+        run: SliceRun = ctx.run
+        return (None, None, *run.backward(grads))
+
+
+def run_slice(
+    config: Config, pass_: Pass, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], SliceRun]:
+    """Run slice ``index`` on ``args`` and ``kwargs``; return its output values and run."""
+    storage = config.slices[index]
+    tensors, spec = flatten(args, kwargs, where=f"an input of {storage.name}")
+    run = SliceRun(config, pass_, index, spec)
+    graph = torch.is_grad_enabled() and (storage.trainable or any(t.requires_grad for t in tensors))
+    if graph:
+        if pass_.first_graph is None:
+            pass_.first_graph = index
+        dummy = config.trainable_dummy if storage.trainable else config.frozen_dummy
+        outputs = list(SliceFunction.apply(run, dummy, *tensors))
+    else:
+        with torch.no_grad():
+            outputs = run.forward(tensors, graph=False)
+    assert run.out_spec is not None
+    values, _ = unflatten(run.out_spec, outputs)
+    return values, run
+
+
+def parameter_bytes(layer: nn.Module) -> int:
+    """Bytes of a layer's parameters (what a slice moves, besides small buffers)."""
+    return sum(p.numel() * p.element_size() for p in layer.parameters())

@@ -1,0 +1,197 @@
+"""Host storage of a slice: parameters and buffers packed into flat page-locked tensors.
+
+A model is split into contiguous slices balanced by parameter bytes
+(:func:`partition`). Each slice's parameters and buffers are packed into one flat host
+tensor per dtype, allocated page-locked once (:class:`SliceStorage`); the modules'
+tensors become views into it, so the optimizer updates the packed copy in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._transfer import Transfers, dense_stride
+
+__all__ = ["SliceStorage", "partition"]
+
+# Offsets inside a flat buffer are rounded up to this many bytes, the alignment torch's
+# allocators give a fresh tensor, so kernels see the alignment they would see anyway.
+_ALIGN_BYTES = 64
+
+
+def partition(sizes: Sequence[int], parts: int) -> list[range]:
+    """Split ``len(sizes)`` items into ``parts`` contiguous, non-empty runs.
+
+    The largest run total is as small as possible (the runs are balanced by size).
+
+    Args:
+        sizes: Non-negative item sizes (parameter bytes per layer).
+        parts: How many runs; ``1 <= parts <= len(sizes)``.
+
+    Returns:
+        The runs, as index ranges in order.
+    """
+    count = len(sizes)
+    if not 1 <= parts <= count:
+        raise ValueError(f"cannot split {count} items into {parts} non-empty runs")
+
+    def runs_for(cap: int) -> list[range]:
+        runs: list[range] = []
+        start, total = 0, 0
+        for index, size in enumerate(sizes):
+            if index > start and total + size > cap:
+                runs.append(range(start, index))
+                start, total = index, 0
+            total += size
+        runs.append(range(start, count))
+        return runs
+
+    low, high = max(sizes, default=0), sum(sizes)
+    while low < high:
+        middle = (low + high) // 2
+        if len(runs_for(middle)) <= parts:
+            high = middle
+        else:
+            low = middle + 1
+    runs = runs_for(low)
+    while len(runs) < parts:
+        # Split the longest run where the larger half is smallest; no run grows.
+        position = max(range(len(runs)), key=lambda k: (len(runs[k]) > 1, len(runs[k])))
+        run = runs[position]
+        best = min(
+            range(run.start + 1, run.stop),
+            key=lambda cut: max(sum(sizes[run.start : cut]), sum(sizes[cut : run.stop])),
+        )
+        runs[position : position + 1] = [range(run.start, best), range(best, run.stop)]
+    return runs
+
+
+@dataclass
+class _Entry:
+    """One parameter or buffer's place in its slice's flat tensor of one dtype."""
+
+    tensor: torch.Tensor
+    offset: int
+    size: torch.Size
+    stride: tuple[int, ...]
+    is_parameter: bool
+    home: torch.Tensor = field(init=False)
+
+    def view(self, flat: torch.Tensor) -> torch.Tensor:
+        return flat.as_strided(self.size, self.stride, self.offset)
+
+
+def _span(size: torch.Size, stride: tuple[int, ...]) -> int:
+    return 1 + sum((extent - 1) * step for extent, step in zip(size, stride, strict=True))
+
+
+@dataclass
+class _Flat:
+    """The entries of one dtype and the flat host tensor holding them."""
+
+    dtype: torch.dtype
+    entries: list[_Entry] = field(default_factory=list)
+    numel: int = 0
+    buffers_start: int = 0
+    host: torch.Tensor | None = None
+
+    def add(self, tensor: torch.Tensor, is_parameter: bool) -> None:
+        align = max(1, _ALIGN_BYTES // tensor.element_size())
+        offset = -(-self.numel // align) * align
+        stride = dense_stride(tensor)
+        self.entries.append(_Entry(tensor, offset, tensor.shape, stride, is_parameter))
+        self.numel = offset + (_span(tensor.shape, stride) if tensor.numel() else 0)
+
+
+class SliceStorage:
+    """Parameters and buffers packed into flat host tensors, one per dtype, pinned once.
+
+    Each tensor's ``.data`` becomes a view into its flat tensor (its "home"), keeping
+    its shape and (dense) strides, so optimizers and ``load_state_dict`` update the
+    packed copy in place.
+
+    Args:
+        index: The position of this storage among its siblings (the slice index).
+        name: How messages name it (e.g. ``"slice 1 (layers 3-5)"``).
+        layers: The modules it computes with.
+        parameters: The parameters to pack (duplicates are ignored).
+        buffers: The buffers to pack (duplicates are ignored).
+        transfers: Used to pin the packed tensors.
+        copy: Whether tensors move between host and device; ``False`` leaves them as
+            they are (device and offload device are the same) and packs nothing.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        layers: Sequence[nn.Module],
+        parameters: Sequence[nn.Parameter],
+        buffers: Sequence[torch.Tensor],
+        transfers: Transfers,
+        *,
+        copy: bool,
+    ) -> None:
+        self.index = index
+        self.name = name
+        self.layers = list(layers)
+        self.parameters: list[nn.Parameter] = _unique(parameters)
+        self.buffers: list[torch.Tensor] = _unique(buffers)
+        self.flats: dict[torch.dtype, _Flat] = {}
+        self.trainable = any(p.requires_grad for p in self.parameters)
+        if copy:
+            self._pack(transfers)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the slice's parameters and buffers."""
+        tensors = [*self.parameters, *self.buffers]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def _pack(self, transfers: Transfers) -> None:
+        for is_parameter, tensors in ((True, self.parameters), (False, self.buffers)):
+            for tensor in tensors:
+                flat = self.flats.setdefault(tensor.dtype, _Flat(tensor.dtype))
+                flat.add(tensor, is_parameter)
+        for flat in self.flats.values():
+            parameter_ends = [
+                e.offset + _span(e.size, e.stride) for e in flat.entries if e.is_parameter
+            ]
+            flat.buffers_start = max(parameter_ends, default=0)
+            host = transfers.empty_host((max(flat.numel, 1),), flat.dtype).zero_()
+            for entry in flat.entries:
+                with torch.no_grad():
+                    entry.view(host).copy_(entry.tensor.detach())
+            flat.host = host
+            for entry in flat.entries:
+                entry.home = entry.view(host)
+                entry.tensor.data = entry.home
+                if entry.is_parameter and entry.tensor.grad is not None:
+                    entry.tensor.grad = entry.tensor.grad.to(host.device)
+
+    def entries(self) -> list[_Entry]:
+        """Every packed entry, parameters and buffers, over all dtypes."""
+        return [entry for flat in self.flats.values() for entry in flat.entries]
+
+    def is_home(self) -> bool:
+        """Whether every parameter and buffer is its packed host view (or untouched)."""
+        return all(
+            entry.tensor.data_ptr() == entry.home.data_ptr()
+            and entry.tensor.device == entry.home.device
+            for entry in self.entries()
+        )
+
+
+def _unique(tensors: Any) -> list[Any]:
+    seen: set[int] = set()
+    unique = []
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            unique.append(tensor)
+    return unique
