@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from accel import Accelerator, BackendSpec, hookimpl, protocol_members
 
@@ -52,9 +52,11 @@ class RecordingBackend:
         self._lock = threading.Lock()
         self.calls: list[Call] = []
 
-    def __getattr__(self, member: str) -> Any:
-        if member not in protocol_members() or member == "name":
-            raise AttributeError(f"{type(self).__name__} has no attribute {member!r}")
+    if TYPE_CHECKING:
+        # For type checkers: the protocol members are installed on the class below.
+        def __getattr__(self, member: str) -> Any: ...
+
+    def _delegate(self, member: str) -> Any:
         value = getattr(self._inner, member)
         # Attributes (name, device_type, capability flags) are values, not calls.
         if not callable(value):
@@ -115,6 +117,28 @@ class RecordingBackend:
 
     def __repr__(self) -> str:
         return f"RecordingBackend(inner={self._inner!r}, calls={len(self.calls)})"
+
+
+class _Delegated:
+    """One protocol member on the class, read through :meth:`RecordingBackend._delegate`.
+
+    Members live on the class, not in ``__getattr__``, because ``isinstance`` against a
+    runtime-checkable protocol looks them up statically since Python 3.12
+    (``inspect.getattr_static``), which never calls ``__getattr__``.
+    """
+
+    def __init__(self, member: str) -> None:
+        self.member = member
+
+    def __get__(self, instance: RecordingBackend | None, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return instance._delegate(self.member)
+
+
+for _member in protocol_members():
+    if _member != "name":
+        setattr(RecordingBackend, _member, _Delegated(_member))
 
 
 @hookimpl
