@@ -224,7 +224,7 @@ def _checked_name(catalog: Catalog, raw_name: str, source: str) -> str:
             "run `python -m accel` to see every backend."
         )
     _raise_if_conflicted(entry)
-    availability = _probe(entry)
+    availability = _probe(entry, named=True)
     if not availability.available:
         raise BackendUnavailableError(
             f"{source} is not usable here: {availability.reason} "
@@ -266,9 +266,10 @@ def _conflict_availability(entry: CatalogEntry) -> Availability | None:
     )
 
 
-def _probe(entry: CatalogEntry) -> Availability:
+def _probe(entry: CatalogEntry, *, named: bool = False) -> Availability:
+    probe = entry.spec.named_probe if named and entry.spec.named_probe else entry.spec.probe
     try:
-        result: object = entry.spec.probe()
+        result: object = probe()
     except Exception as exc:
         return Availability.unavailable(
             f"its availability check raised {type(exc).__name__}: {exc}."
