@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
 from habana_frameworks import _double
 from habana_frameworks.torch.utils import internal
