@@ -252,3 +252,25 @@ def test_probing_imports_nothing_of_habana_frameworks(tmp_path: Path) -> None:
         "list_hpu_available_with_nodes": True,
         "after_list_with_nodes": [],
     }
+
+
+def test_named_probe_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="named_probe must be callable or None, got str"):
+        accel.BackendSpec(
+            name="x",
+            factory=HpuBackend,
+            probe=lambda: accel.Availability(available=True, device_count=1),
+            named_probe="yes",  # type: ignore[arg-type]
+        )
+
+
+def test_listing_uses_the_node_scan_even_after_naming_hpu(
+    habana_double: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The named probe is for the name only: auto-detection never trusts the bridge's
+    # import having happened.
+    _use_tree(monkeypatch, tmp_path / "empty")
+    accel.get_backend("hpu")
+    [row] = [info for info in accel.list_backends() if info.name == "hpu"]
+    assert row.available is False
+    assert accel.select_backend() == accel.Selection("cpu", "fallback")
