@@ -101,7 +101,12 @@ class Accelerator(Protocol):
         """
 
     def device_count(self) -> int:
-        """Return how many devices this process can see, without initialising any."""
+        """Return how many devices this process can use, without initialising any.
+
+        Every index below it is usable by :meth:`device` in this process, and no other:
+        a device library that sees more devices than the process may use reports what
+        the process may use (Gaudi: 1 per process).
+        """
 
     def current_device(self) -> int:
         """Return the index of the device that new tensors and work go to."""

@@ -283,7 +283,7 @@ def _checked_name(catalog: Catalog, raw_name: str, source: str) -> str:
     violation = class_violation(entry)
     if violation is not None:
         raise ProtocolViolationError(violation)
-    availability = probe(entry)
+    availability = probe(entry, named=True)
     if not availability.available:
         raise BackendUnavailableError(
             f"{source} is not usable here: {availability.reason} "

@@ -49,6 +49,10 @@ class BackendSpec:
             values (built-ins: hpu 300, cuda 200, xpu 150, mps 100); ``cpu`` is 0 and
             is the fallback. Backends that must only be chosen by name use a
             negative value.
+        named_probe: Optional. Replaces ``probe`` when the user names the backend
+            (``get_backend(name)`` or ``ACCEL``), so it may ask the vendor library
+            itself, importing it (what the user asked for); auto-detection and
+            ``python -m accel`` keep using ``probe``. It must not raise either.
     """
 
     name: str
@@ -56,6 +60,7 @@ class BackendSpec:
     probe: Callable[[], Availability]
     description: str = ""
     priority: int = field(default=-1)
+    named_probe: Callable[[], Availability] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -69,3 +74,8 @@ class BackendSpec:
                     f"BackendSpec {self.name!r}: {attribute} must be callable, "
                     f"got {type(getattr(self, attribute)).__name__}."
                 )
+        if self.named_probe is not None and not callable(self.named_probe):
+            raise TypeError(
+                f"BackendSpec {self.name!r}: named_probe must be callable or None, "
+                f"got {type(self.named_probe).__name__}."
+            )

@@ -87,9 +87,11 @@ def conflict_availability(entry: CatalogEntry) -> Availability | None:
     )
 
 
-def probe(entry: CatalogEntry) -> Availability:
+def probe(entry: CatalogEntry, *, named: bool = False) -> Availability:
+    """Run the entry's probe: its ``named_probe`` when the user named it, if it has one."""
+    check = entry.spec.named_probe if named and entry.spec.named_probe else entry.spec.probe
     try:
-        result: object = entry.spec.probe()
+        result: object = check()
     except Exception as exc:
         return Availability.unavailable(
             f"its availability check raised {type(exc).__name__}: {exc}."

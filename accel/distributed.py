@@ -27,11 +27,16 @@ sees) and its local rank ``r``:
 * ``n == 1``: index 0. The process has one device of its own (``CUDA_VISIBLE_DEVICES``
   or ``HABANA_VISIBLE_MODULES`` set per process) or shares one with the other local
   processes (the host CPU).
-* ``n > 1``: index ``r``, the usual one-process-per-device layout. More local processes
-  (``r``, or ``LOCAL_WORLD_SIZE``) than visible devices is an error. A backend that sees
-  ``n`` devices but lets each process use index 0 only (its ``device(r)`` raises
-  :class:`accel.DeviceIndexError`: Gaudi) binds index 0, and the device library gives
-  each process its own card.
+* ``n > 1``: index ``r``, the usual one-process-per-device layout (every index below
+  ``device_count()`` is usable, as the protocol requires). More local processes (``r``,
+  or ``LOCAL_WORLD_SIZE``) than visible devices is an error.
+
+Gaudi (``hpu``) reports one device per process, so it always binds index 0: Habana's
+bridge chooses the card (``HLS_MODULE_ID``) from ``LOCAL_RANK`` when it is imported, which
+is when the hpu backend is created (or earlier, at ``import torch``, where the bridge
+autoloads). ``LOCAL_RANK`` must therefore be in the environment before the first
+``accel.get_backend()``; torchrun sets it at process start. :func:`init_process_group`
+checks that the hpu backend was created with this process's local rank.
 
 This module is not imported by ``import accel``; import it as ``import accel.distributed``.
 """
@@ -46,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from ._compat import FSDP2_MIN_RELEASE_OFF_CUDA, fsdp2_fully_shard, torch_release
-from ._errors import DeviceIndexError, DistributedSetupError
+from ._errors import DistributedSetupError
 from ._protocol import Accelerator
 
 if TYPE_CHECKING:
@@ -167,14 +172,6 @@ def _local_layout(local_rank: int | None, world_size: int) -> tuple[int, int | N
     return value, local_world_size
 
 
-def _usable(backend: Accelerator, index: int) -> bool:
-    try:
-        backend.device(index)
-    except DeviceIndexError:
-        return False
-    return True
-
-
 def _device_index(backend: Accelerator, local_rank: int, local_world_size: int | None) -> int:
     """Return the device index this process binds (see the module docstring)."""
     count = backend.device_count()
@@ -198,7 +195,28 @@ def _device_index(backend: Accelerator, local_rank: int, local_world_size: int |
             f"has {count} visible device(s) (indices 0..{count - 1}). Launch at most {count} "
             "processes per node (torchrun --nproc_per_node), or make more devices visible."
         )
-    return local_rank if _usable(backend, local_rank) else 0
+    return local_rank
+
+
+def _check_hpu_local_rank(backend: Accelerator, local_rank: int, world_size: int) -> None:
+    """hpu: the bridge bound its card from ``LOCAL_RANK`` when the backend was created."""
+    if backend.device_type != "hpu" or world_size == 1:
+        return
+    missing = object()
+    seen = getattr(backend, "local_rank_at_creation", missing)
+    if seen is missing or seen == local_rank:
+        return
+    _raise_hpu_local_rank("unset" if seen is None else seen, local_rank)
+
+
+def _raise_hpu_local_rank(seen: object, local_rank: int) -> None:
+    raise _error(
+        f"LOCAL_RANK was {seen} when the hpu backend was created, but this process's local "
+        f"rank is {local_rank}. Habana's bridge chooses the card (HLS_MODULE_ID) from "
+        "LOCAL_RANK when it is imported, which is when the backend is created, so this "
+        f"process would use another card. Set LOCAL_RANK={local_rank} in the environment "
+        "before the first accel.get_backend() (torchrun does), or pass no local_rank=."
+    )
 
 
 def _check_rendezvous(init_method: str | None, store: object) -> None:
@@ -286,7 +304,9 @@ def init_process_group(
         store: Passed on; with a store, ``MASTER_ADDR``/``MASTER_PORT`` are not needed.
         accel_backend: The accelerator to set up; ``None`` means :func:`accel.get_backend`.
         local_rank: This process's index on its node; ``None`` reads ``LOCAL_RANK``
-            (defaulting to 0 when the world size is 1).
+            (defaulting to 0 when the world size is 1). On hpu, ``LOCAL_RANK`` must
+            already hold this value when the backend is created: Habana's bridge picks
+            the card from it on import, and this is checked.
         **kwargs: Passed on unchanged (``device_id``, ``group_name``, ``pg_options``...).
 
     Returns:
@@ -301,7 +321,9 @@ def init_process_group(
             inconsistent with ``WORLD_SIZE``; ``MASTER_ADDR``/``MASTER_PORT`` unset for
             the ``env://`` rendezvous; ``backend`` is not a str, or names a
             communication backend ``torch.distributed`` does not know (other than
-            ``accel_backend.communication_backend``, which preparation registers).
+            ``accel_backend.communication_backend``, which preparation registers); on
+            hpu with more than one process, a local rank other than the ``LOCAL_RANK``
+            the backend was created with (see the module docstring).
         accel.BackendUnavailableError: ``accel_backend`` is ``None`` and no backend is
             usable (from :func:`accel.get_backend`).
     """
@@ -320,9 +342,20 @@ def init_process_group(
     resolved_local_rank, local_world_size = _local_layout(local_rank, resolved_world_size)
     _check_rendezvous(init_method, store)
     if accel_backend is None:
-        from ._select import get_backend
+        from ._env import selected_name
+        from ._select import get_backend, select_backend
 
+        env_local_rank = os.environ.get("LOCAL_RANK", "").strip()
+        if (
+            resolved_world_size > 1
+            and env_local_rank != str(resolved_local_rank)
+            # ACCEL is read as a name: probing a named hpu would import the bridge.
+            and (selected_name() or select_backend().name).strip().lower() == "hpu"
+        ):
+            # Refuse before creating it: creation imports the bridge, which binds a card.
+            _raise_hpu_local_rank(env_local_rank or "unset", resolved_local_rank)
         accel_backend = get_backend()
+    _check_hpu_local_rank(accel_backend, resolved_local_rank, resolved_world_size)
     index = _device_index(accel_backend, resolved_local_rank, local_world_size)
     _check_communication_backend(backend, accel_backend)
     accel_backend.prepare_distributed()

@@ -48,6 +48,7 @@ class TorchDeviceBackend:
         """Return ``torch.device(type, index)``; ``None`` is the current device.
 
         Does not initialise the device: before initialisation the current device is 0.
+        An explicit index is checked against :meth:`device_count` (same conditions).
         """
         if index is None:
             index = self._module.current_device() if self._module.is_initialized() else 0
@@ -56,7 +57,12 @@ class TorchDeviceBackend:
         return torch.device(self.device_type, index)
 
     def device_count(self) -> int:
-        """Return the visible device count (NVML/Sysman based, so fork-safe)."""
+        """Return the visible device count; each index below it is usable.
+
+        Initialises nothing where torch can count without the runtime (CUDA: NVML works
+        and no MIG UUIDs are visible; XPU: ``pyzes`` is installed); see the subclass's
+        module for the conditions.
+        """
         return int(self._module.device_count())
 
     def current_device(self) -> int:
@@ -68,7 +74,7 @@ class TorchDeviceBackend:
         self._module.set_device(checked_index(self.name, index, self.device_count()))
 
     def is_available(self) -> bool:
-        """Return whether a device is visible, counted without initialising one."""
+        """Return whether a device is visible (counted as :meth:`device_count` counts)."""
         return self.device_count() > 0
 
     def synchronize(self) -> None:

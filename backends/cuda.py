@@ -1,7 +1,16 @@
 """The ``cuda`` backend: NVIDIA (and ROCm) GPUs through ``torch.cuda``.
 
-Availability is counted through NVML, so probing never initialises CUDA and the
-process stays forkable (DeepSpeed#6810 shows what happens otherwise).
+Availability and ``device_count()`` come from ``torch.cuda.device_count()``; accel never
+calls ``torch.cuda.is_available()``, which runs ``cuInit`` unless
+``PYTORCH_NVML_BASED_CUDA_CHECK=1``. Whether counting keeps the process forkable depends
+on how torch can count:
+
+* NVIDIA, NVML loads and works, and ``CUDA_VISIBLE_DEVICES`` holds indices (no MIG
+  UUIDs): counted through NVML, no CUDA context, the process can still ``fork``;
+* NVML missing or failing, or MIG UUIDs (``MIG-...``) in ``CUDA_VISIBLE_DEVICES``: torch
+  falls back to ``cudaGetDeviceCount``, which initialises the driver, and a forked child
+  can no longer use CUDA (DeepSpeed#6810 shows the failure);
+* ROCm: counted through amdsmi.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""The ``xpu`` backend: Intel GPUs through ``torch.xpu``."""
+"""The ``xpu`` backend: Intel GPUs through ``torch.xpu``.
+
+Availability and ``device_count()`` come from ``torch.xpu.device_count()``. It counts
+through Level Zero Sysman, without initialising a device, only when the ``pyzes``
+package is installed; otherwise it initialises the SYCL runtime, and a forked child can
+no longer use the XPU. Install ``pyzes`` where processes fork after probing (data
+loader workers, multiprocessing launchers).
+"""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 
 def write_results(name: str, backend: str, payload: dict[str, Any]) -> Path:
     """Write ``payload`` plus machine facts and the date to results/<name>-<backend>-<date>.json."""
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     document = {"benchmark": name, "backend": backend, "date": now.isoformat(), **payload}
     document["machine"] = machine()
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

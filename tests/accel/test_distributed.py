@@ -280,12 +280,14 @@ def test_no_visible_device(fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch
 def test_hpu_prepares_hccl_and_passes_it(
     fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, habana_double: ModuleType
 ) -> None:
+    # The bridge imports (and registers) hccl when the backend is created.
     backend = accel.get_backend("hpu")
-    assert "hccl.import" not in habana_double.call_names()
+    assert habana_double.call_names().count("hccl.import") == 1
 
-    returned = accel.distributed.init_process_group(accel_backend=backend)
+    returned = accel.distributed.init_process_group(accel_backend=_recording(backend))
 
-    assert returned is backend
+    assert returned.inner is backend  # type: ignore[attr-defined]
+    returned.assert_order("prepare_distributed", "set_device")  # type: ignore[attr-defined]
     assert habana_double.call_names().count("hccl.import") == 1
     assert fake_init.only_call["backend"] == "hccl"
 
@@ -319,17 +321,67 @@ def test_hpu_binds_index_0_on_an_eight_card_node(
     assert fake_init.only_call["rank"] == local_rank
 
 
-def test_hpu_more_processes_than_cards(
+def test_hpu_reports_one_device_whatever_the_card_count(
     fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, habana_double: ModuleType
 ) -> None:
     habana_double.DEVICE_COUNT = 8
     torchrun_env.setenv("WORLD_SIZE", "16")
     torchrun_env.setenv("LOCAL_WORLD_SIZE", "16")
     backend = _recording(accel.get_backend("hpu"))
-    with pytest.raises(DistributedSetupError, match="LOCAL_WORLD_SIZE=16 needs more devices"):
+    assert backend.device_count() == 1
+    accel.distributed.init_process_group(accel_backend=backend)
+    assert _set_device_calls(backend) == [(0,)]
+
+
+def test_hpu_local_rank_passed_differs_from_the_one_at_creation(
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, habana_double: ModuleType
+) -> None:
+    backend = accel.get_backend("hpu")  # LOCAL_RANK=1: the bridge chose card 1
+    with pytest.raises(DistributedSetupError) as excinfo:
+        accel.distributed.init_process_group(accel_backend=backend, local_rank=0)
+    message = str(excinfo.value)
+    assert message.startswith("accel.distributed: LOCAL_RANK was 1 when the hpu backend")
+    assert "Set LOCAL_RANK=0 in the environment before the first accel.get_backend()" in message
+    assert fake_init.calls == []
+
+
+def test_hpu_created_before_local_rank_was_set(
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, habana_double: ModuleType
+) -> None:
+    torchrun_env.delenv("LOCAL_RANK")
+    backend = accel.get_backend("hpu")
+    torchrun_env.setenv("LOCAL_RANK", "1")
+    with pytest.raises(DistributedSetupError, match="LOCAL_RANK was unset when the hpu backend"):
         accel.distributed.init_process_group(accel_backend=backend)
-    _assert_nothing_done(fake_init, backend)
-    assert "hccl.import" not in habana_double.call_names()
+    assert fake_init.calls == []
+
+
+@pytest.mark.parametrize("selection", ["ACCEL", "auto"])
+def test_hpu_refused_before_the_bridge_is_imported(
+    fake_init: FakeInit,
+    torchrun_env: pytest.MonkeyPatch,
+    habana_double: ModuleType,
+    selection: str,
+) -> None:
+    if selection == "ACCEL":
+        torchrun_env.setenv("ACCEL", " HPU")
+    torchrun_env.delenv("LOCAL_RANK")
+    with pytest.raises(DistributedSetupError, match="LOCAL_RANK was unset when the hpu backend"):
+        accel.distributed.init_process_group(local_rank=1)
+    assert "habana_frameworks.torch" not in sys.modules
+    assert fake_init.calls == []
+
+
+def test_hpu_single_process_needs_no_local_rank(
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, habana_double: ModuleType
+) -> None:
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        torchrun_env.delenv(name)
+    torchrun_env.setenv("RANK", "0")
+    torchrun_env.setenv("WORLD_SIZE", "1")
+    backend = accel.get_backend("hpu")
+    accel.distributed.init_process_group(accel_backend=backend)
+    assert fake_init.only_call["world_size"] == 1
 
 
 # Errors -------------------------------------------------------------------------------
