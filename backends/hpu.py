@@ -70,6 +70,7 @@ class HpuBackend(TorchDeviceBackend):
     name = "hpu"
     device_type = "hpu"
     communication_backend = "hccl"
+    compile_backend = "hpu_backend"
 
     def __init__(self) -> None:
         self._core = importlib.import_module("habana_frameworks.torch.core")
@@ -115,13 +116,15 @@ class HpuBackend(TorchDeviceBackend):
         """Seed the HPU generator."""
         self._random.manual_seed(seed)
 
-    def get_rng_state(self) -> torch.Tensor:
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
         """Return the HPU generator state (device 0, the only one the bridge accepts)."""
+        self._check_index(0 if index is None else index)
         state: torch.Tensor = self._random.get_rng_state(0)
         return state
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore the HPU generator state on device 0."""
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        """Restore the HPU generator state on device 0 (the only valid ``index``)."""
+        self._check_index(0 if index is None else index)
         self._random.set_rng_state(state, 0)
 
     def autocast_kwargs(self) -> dict[str, Any]:

@@ -5,14 +5,23 @@ are the same), its device and host autocast states, call ``backend.mark_step()``
 before recomputing (flushing a lazy device's graph; a no-op elsewhere), and keep
 modules with running statistics from updating them a second time.
 
-Reentrant (``use_reentrant=True``, the default, as in torch): an autograd Function
+Reentrant (``use_reentrant=True``; what ``None``, the default, means after the
+installed torch's warning, as in torch): an autograd Function
 whose backward recomputes and back-propagates with a nested backward call. It needs
 at least one tensor input with ``requires_grad=True`` (otherwise it warns and the
 parameters inside get no gradient), accepts no keyword arguments for the function,
 and does not work with :func:`torch.autograd.grad` or ``backward(inputs=...)``.
 
-Non-reentrant (``use_reentrant=False``): saved-tensor hooks on the real graph; none of
-those limits, and a clear error when the recomputation does not match the forward.
+Non-reentrant (``use_reentrant=False``): torch's own non-reentrant checkpoint with
+accel's generator, autocast, ``mark_step`` and running-statistics replay layered in
+(see :mod:`checkpointing._non_reentrant` for why); none of those limits, and torch's
+``CheckpointError`` when the recomputation does not match the forward.
+
+Under ``torch.compile`` (``torch.compiler.is_compiling()``) both variants call
+``torch.utils.checkpoint.checkpoint`` with the caller's arguments: dynamo turns that
+call, and only that call, into a checkpointed region of the compiled graph, replaying
+randomness itself. ``backend`` is not used there; ``offload_to_cpu`` regions run
+eagerly (a graph break), as they cannot be traced.
 
 With ``DistributedDataParallel``, the reentrant variant runs each checkpointed
 region's backward inside DDP's own backward, after DDP's graph analysis. It works
@@ -38,31 +47,29 @@ import torch
 import torch.utils.checkpoint
 
 import accel
-from accel import Accelerator
+from accel import Accelerator, _compat
 
-from ._non_reentrant import DETERMINISM_CHECKS, ContextFn, run_non_reentrant
+from ._args import resolve_backend
+from ._non_reentrant import ContextFn, run_non_reentrant
 from ._reentrant import run_reentrant
 from ._state import Options
 
-__all__ = ["NO_INPUT_GRAD_WARNING", "checkpoint", "run_checkpoint"]
+__all__ = ["NO_INPUT_GRAD_WARNING", "checkpoint", "run_checkpoint", "warn_missing_use_reentrant"]
 
 # torch.utils.checkpoint's wording, kept verbatim so filters matching on it keep working.
 NO_INPUT_GRAD_WARNING = "None of the inputs have requires_grad=True. Gradients will be None"
 
 
 def _is_default_context_fn(context_fn: Any) -> bool:
-    if context_fn is None:
-        return True
-    torch_default = getattr(torch.utils.checkpoint, "noop_context_fn", None)
-    return context_fn is torch_default
+    return context_fn is None or context_fn is torch.utils.checkpoint.noop_context_fn
 
 
 def checkpoint(
     function: Callable[..., Any],
     *args: Any,
-    use_reentrant: bool | None = True,
+    use_reentrant: bool | None = None,
     preserve_rng_state: bool = True,
-    backend: Accelerator | None = None,
+    backend: Accelerator | str | None = None,
     context_fn: ContextFn | None = None,
     determinism_check: str = "default",
     debug: bool = False,
@@ -84,20 +91,23 @@ def checkpoint(
     Args:
         function: What to run; called as ``function(*args, **kwargs)``.
         *args: Its positional arguments (tensors or anything else).
-        use_reentrant: ``True`` (default; ``None`` means the same) for the reentrant
-            variant, ``False`` for the non-reentrant one; see the module docstring.
+        use_reentrant: ``False`` for the non-reentrant variant (recommended),
+            ``True`` for the reentrant one. ``None`` (the default) gives the installed
+            torch's warning and then the reentrant variant, as torch does.
         preserve_rng_state: Replay the host and device generator states in the
             recomputation, so random ops (dropout) draw the same numbers. ``False``
             saves a little time and makes no generator calls at all.
-        backend: The backend to use; ``None`` means :func:`accel.get_backend`.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
         context_fn: Non-reentrant only: returns two context managers, entered around
-            the forward and around the recomputation.
+            the forward and around the recomputation (torch's, e.g. from
+            ``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
         determinism_check: Non-reentrant only: ``"default"`` checks that the
-            recomputation saves tensors of the same count, shapes, dtypes and
-            devices as the forward; ``"none"`` skips the check.
-        debug: Accepted for compatibility; ``True`` is not supported.
-        early_stop: Accepted for compatibility and ignored: recomputation always runs
-            the whole function, which gives the same tensors.
+            recomputation saves tensors of the same shapes, dtypes and devices as the
+            forward; ``"none"`` skips the check.
+        debug: Non-reentrant only: add torch's operator traces of the forward and the
+            recomputation to a mismatch error.
+        early_stop: Non-reentrant only: stop recomputing once every tensor backward
+            needs is back (torch's ``set_checkpoint_early_stop`` overrides it).
         **kwargs: Keyword arguments for ``function`` (non-reentrant only).
 
     Returns:
@@ -105,32 +115,35 @@ def checkpoint(
 
     Raises:
         ValueError: Keyword arguments, ``context_fn`` or ``debug`` with the reentrant
-            variant (torch's wording), an unknown ``determinism_check``, or
-            ``debug=True``.
+            variant, or an unknown ``determinism_check`` (torch's wording).
+        TypeError: ``backend`` is neither a backend, a backend name nor ``None``.
         RuntimeError: In backward, with torch's wording, when the reentrant variant is
             used with :func:`torch.autograd.grad` or ``backward(inputs=...)``, or when
             no recomputed output requires grad.
-        checkpointing.CheckpointError: In backward, when the non-reentrant
-            recomputation does not match the forward.
+        torch.utils.checkpoint.CheckpointError: In backward, torch's, when the
+            non-reentrant recomputation does not match the forward.
     """
-    del early_stop  # Recomputation always runs to the end; results are the same.
+    if torch.compiler.is_compiling():
+        early_stop_kwargs, _ = _compat.checkpoint_early_stop(early_stop)
+        return torch.utils.checkpoint.checkpoint(
+            function,
+            *args,
+            use_reentrant=use_reentrant,
+            preserve_rng_state=preserve_rng_state,
+            context_fn=torch.utils.checkpoint.noop_context_fn if context_fn is None else context_fn,
+            determinism_check=determinism_check,
+            debug=debug,
+            **early_stop_kwargs,
+            **kwargs,
+        )
+    if use_reentrant is None:
+        warn_missing_use_reentrant(sequential=False)
     reentrant = True if use_reentrant is None else bool(use_reentrant)
     if kwargs and reentrant:
         raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
-    if reentrant and (not _is_default_context_fn(context_fn) or debug):
+    if reentrant and (not _is_default_context_fn(context_fn) or debug is not False):
         raise ValueError(
             "Passing `context_fn` or `debug` is only supported when use_reentrant=False."
-        )
-    if debug:
-        raise ValueError(
-            "checkpointing: debug=True (operator traces of a mismatching recomputation) is "
-            "not supported; the mismatch error already names the saved tensor's position, "
-            "shape, dtype and device. Remove debug=True."
-        )
-    if determinism_check not in DETERMINISM_CHECKS:
-        raise ValueError(
-            f"determinism_check should be one of {list(DETERMINISM_CHECKS)}, "
-            f"but got {determinism_check}"
         )
     return run_checkpoint(
         function,
@@ -138,9 +151,11 @@ def checkpoint(
         kwargs,
         use_reentrant=reentrant,
         preserve_rng_state=preserve_rng_state,
-        backend=backend,
+        backend=resolve_backend(backend),
         context_fn=None if _is_default_context_fn(context_fn) else context_fn,
         determinism_check=determinism_check,
+        debug=debug,
+        early_stop=early_stop,
     )
 
 
@@ -165,8 +180,72 @@ def _user_stacklevel() -> int:
     return 1
 
 
+def warn_missing_use_reentrant(*, sequential: bool) -> None:
+    """Give the installed torch's warning for a call that does not pass ``use_reentrant``."""
+    found = _compat.missing_use_reentrant_warning(sequential)
+    if found is not None:
+        category, message = found
+        warnings.warn(message, category, stacklevel=_user_stacklevel())
+
+
 def _any_requires_grad(args: tuple[Any, ...]) -> bool:
     return any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args)
+
+
+def _torch_checkpoint(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    use_reentrant: bool,
+    preserve_rng_state: bool,
+    context_fn: ContextFn | None,
+    determinism_check: str,
+    debug: bool,
+    early_stop: bool,
+) -> Any:
+    if use_reentrant and kwargs:
+        args, function = (*args, *kwargs.values()), _positional(function, len(args), list(kwargs))
+        kwargs = {}
+    extra: dict[str, Any] = {}
+    if not use_reentrant:
+        early_stop_kwargs, _ = _compat.checkpoint_early_stop(early_stop)
+        extra = {
+            "context_fn": context_fn or torch.utils.checkpoint.noop_context_fn,
+            "determinism_check": determinism_check,
+            "debug": debug,
+            **early_stop_kwargs,
+        }
+    return torch.utils.checkpoint.checkpoint(
+        function,
+        *args,
+        use_reentrant=use_reentrant,
+        preserve_rng_state=preserve_rng_state,
+        **extra,
+        **kwargs,
+    )
+
+
+def _positional(
+    function: Callable[..., Any], positional: int, keys: list[str]
+) -> Callable[..., Any]:
+    def call(*values: Any) -> Any:
+        return function(*values[:positional], **dict(zip(keys, values[positional:], strict=True)))
+
+    return call
+
+
+def _run_checkpoint_eagerly(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    **options: Any,
+) -> Any:
+    return run_checkpoint(function, args, kwargs, **options)
+
+
+# Called from a compiled frame, it runs outside dynamo (a graph break), so the eager
+# path, with its saved-tensor hooks, does the work.
+_run_eagerly: Callable[..., Any] = torch.compiler.disable(_run_checkpoint_eagerly)
 
 
 def run_checkpoint(
@@ -180,12 +259,41 @@ def run_checkpoint(
     offload: bool = False,
     context_fn: ContextFn | None = None,
     determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
 ) -> Any:
     """Checkpoint ``function(*args, **kwargs)`` with validated options.
 
     The entry point shared by :func:`checkpoint`, ``checkpoint_sequential`` and the
-    wrapper; inside ``no_grad`` it is a plain call.
+    wrapper; inside ``no_grad`` it is a plain call. Under ``torch.compile`` it calls
+    torch's checkpoint (``offload`` regions run eagerly instead).
     """
+    if torch.compiler.is_compiling():
+        if offload:
+            return _run_eagerly(
+                function,
+                args,
+                kwargs,
+                use_reentrant=use_reentrant,
+                preserve_rng_state=preserve_rng_state,
+                backend=backend,
+                offload=offload,
+                context_fn=context_fn,
+                determinism_check=determinism_check,
+                debug=debug,
+                early_stop=early_stop,
+            )
+        return _torch_checkpoint(
+            function,
+            args,
+            kwargs,
+            use_reentrant,
+            preserve_rng_state,
+            context_fn,
+            determinism_check,
+            debug,
+            early_stop,
+        )
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
     if use_reentrant and not _any_requires_grad(args):
@@ -206,4 +314,6 @@ def run_checkpoint(
         options,
         context_fn=context_fn,
         determinism_check=determinism_check,
+        debug=debug,
+        early_stop=early_stop,
     )

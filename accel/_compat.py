@@ -1,0 +1,100 @@
+"""Where torch's API or behaviour differs between the supported releases (2.4 to 2.15).
+
+One small function or constant per difference, each with the release that changed
+it, so that no algorithm carries a version check of its own. Importing this module
+imports torch; ``import accel`` does not import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+
+__all__ = [
+    "checkpoint_early_stop",
+    "checkpoint_supports_vmap",
+    "graph_exec_group",
+    "missing_use_reentrant_warning",
+]
+
+
+def checkpoint_supports_vmap() -> bool:
+    """Whether ``torch.func.vmap`` works over torch's non-reentrant checkpoint.
+
+    Up to torch 2.4.1 (and later releases that still save a checkpoint's inputs
+    through the ``_NoopSaveInputs`` autograd Function), vmap raises "You tried to
+    vmap over _NoopSaveInputs, but it does not have vmap support". pytorch#174327
+    (present in 2.13 and 2.15) saves them through ``torch._C._autograd._make_saved_tensor``
+    instead, which vmap passes through.
+    """
+    return hasattr(torch._C._autograd, "_make_saved_tensor")
+
+
+@functools.cache
+def _checkpoint_takes_early_stop() -> bool:
+    return "early_stop" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+
+
+def checkpoint_early_stop(early_stop: bool) -> tuple[dict[str, Any], AbstractContextManager[Any]]:
+    """Return how to pass ``early_stop`` to ``torch.utils.checkpoint.checkpoint``.
+
+    torch 2.4.1's ``checkpoint`` has no ``early_stop`` argument, only the global
+    ``set_checkpoint_early_stop`` (on by default); 2.13 and 2.15 take the argument,
+    which the global switch overrides when it is set. On a torch without the
+    argument, ``early_stop=False`` becomes ``set_checkpoint_early_stop(False)`` around
+    the call (read when the forward runs), and ``True`` leaves the global switch alone.
+
+    Returns:
+        Keyword arguments for torch's ``checkpoint``, and a context to call it in.
+    """
+    if _checkpoint_takes_early_stop():
+        return {"early_stop": early_stop}, nullcontext()
+    if early_stop:
+        return {}, nullcontext()
+    return {}, torch.utils.checkpoint.set_checkpoint_early_stop(False)
+
+
+def graph_exec_group() -> Any:
+    """Return ``torch.utils.checkpoint.GraphExecGroup``, or ``None`` where it does not exist.
+
+    Absent from torch 2.4.1; present in 2.13 and 2.15.
+    """
+    return getattr(torch.utils.checkpoint, "GraphExecGroup", None)
+
+
+def _identity(value: torch.Tensor) -> torch.Tensor:
+    return value
+
+
+@functools.cache
+def missing_use_reentrant_warning(sequential: bool) -> tuple[type[Warning], str] | None:
+    """Return the warning the installed torch gives when ``use_reentrant`` is not passed.
+
+    torch warns and then uses the reentrant variant, with a wording that changed
+    between releases (2.4.1: "In version 2.4 we will raise an exception...", 2.13:
+    "Starting in PyTorch 2.9, calling checkpoint without use_reentrant will raise an
+    exception...", 2.15: "In a future release..."). It is read from the installed
+    torch once, by calling its ``checkpoint`` (``checkpoint_sequential`` when
+    ``sequential``) on a scalar without grad, so that ours says exactly what torch
+    says.
+
+    Returns:
+        The warning's category and text, or ``None`` if this torch does not warn.
+    """
+    value = torch.zeros(())
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        if sequential:
+            torch.utils.checkpoint.checkpoint_sequential([_identity], 1, value)  # type: ignore[no-untyped-call]
+        else:
+            torch.utils.checkpoint.checkpoint(_identity, value)
+    for warning in caught:
+        if "use_reentrant" in str(warning.message):
+            return warning.category, str(warning.message)
+    return None
