@@ -17,6 +17,7 @@ import torch
 import torch.utils.checkpoint
 
 __all__ = [
+    "checkpoint_debug_leaks_on_error",
     "checkpoint_early_stop",
     "checkpoint_supports_vmap",
     "graph_exec_group",
@@ -58,6 +59,23 @@ def checkpoint_early_stop(early_stop: bool) -> tuple[dict[str, Any], AbstractCon
     if early_stop:
         return {}, nullcontext()
     return {}, torch.utils.checkpoint.set_checkpoint_early_stop(False)
+
+
+def _release() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def checkpoint_debug_leaks_on_error() -> bool:
+    """Whether torch's ``debug=True`` checkpoint leaves its logging mode behind on an error.
+
+    In torch 2.4.1, when a debug-mode recomputation raises, the forward's operator
+    logging (a dispatch mode and a logging handler) stays installed, so later code in
+    the process logs every operator and fails ("trying to pop from empty mode stack");
+    torch's own checkpoint does it too. 2.13 and 2.15 clean up. The release in between
+    that fixed it is not pinned down, so every release before 2.13 counts as leaking.
+    """
+    return _release() < (2, 13)
 
 
 def graph_exec_group() -> Any:

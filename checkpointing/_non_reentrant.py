@@ -100,6 +100,13 @@ class _OffloadInputs(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
+def _on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return any(
+        isinstance(value, torch.Tensor) and value.device.type != "cpu"
+        for value in (*args, *kwargs.values())
+    )
+
+
 def run_non_reentrant(
     function: Callable[..., Any],
     args: tuple[Any, ...],
@@ -129,7 +136,9 @@ def run_non_reentrant(
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
     replay = _Replay(function, options)
-    offload = _OffloadInputs(options) if options.offload else None
+    # Host inputs are never copied, so without a device input there is nothing to offload
+    # (and the inputs come back to the recomputation as the same objects).
+    offload = _OffloadInputs(options) if options.offload and _on_device(args, kwargs) else None
     early_stop_kwargs, early_stop_context = _compat.checkpoint_early_stop(early_stop)
     try:
         with offload if offload is not None else nullcontext(), early_stop_context:
