@@ -17,6 +17,7 @@ import torch
 import torch.utils.checkpoint
 
 __all__ = [
+    "CHECKPOINT_TAKES_EARLY_STOP",
     "checkpoint_debug_leaks_on_error",
     "checkpoint_early_stop",
     "checkpoint_supports_vmap",
@@ -37,9 +38,12 @@ def checkpoint_supports_vmap() -> bool:
     return hasattr(torch._C._autograd, "_make_saved_tensor")
 
 
-@functools.cache
-def _checkpoint_takes_early_stop() -> bool:
-    return "early_stop" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+#: Whether ``torch.utils.checkpoint.checkpoint`` takes ``early_stop`` (not in 2.4.1; in 2.13).
+#: Read once at import: under torch.compile, dynamo cannot trace inspect.signature of
+#: torch's checkpoint (a higher-order op there).
+CHECKPOINT_TAKES_EARLY_STOP = (
+    "early_stop" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+)
 
 
 def checkpoint_early_stop(early_stop: bool) -> tuple[dict[str, Any], AbstractContextManager[Any]]:
@@ -54,7 +58,7 @@ def checkpoint_early_stop(early_stop: bool) -> tuple[dict[str, Any], AbstractCon
     Returns:
         Keyword arguments for torch's ``checkpoint``, and a context to call it in.
     """
-    if _checkpoint_takes_early_stop():
+    if CHECKPOINT_TAKES_EARLY_STOP:
         return {"early_stop": early_stop}, nullcontext()
     if early_stop:
         return {}, nullcontext()

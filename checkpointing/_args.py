@@ -25,9 +25,12 @@ def resolve_backend(backend: Any, *, where: str = "backend") -> Accelerator | No
         return None
     if isinstance(backend, str):
         return accel.get_backend(backend)
-    if isinstance(backend, Accelerator):
-        return backend
+    # hasattr, not isinstance(backend, Accelerator): from Python 3.12 a runtime protocol
+    # check ignores members served by __getattr__ (as RecordingBackend serves them).
     missing = [name for name in accel.protocol_members() if not hasattr(backend, name)]
+    if not missing:
+        result: Accelerator = backend
+        return result
     raise TypeError(
         f"checkpointing: {where} must be an accel backend (accel.get_backend(...)) or a "
         f"backend name such as 'cpu', got {backend!r} ({type(backend).__name__}"

@@ -48,6 +48,7 @@ import torch.utils.checkpoint
 
 import accel
 from accel import Accelerator, _compat
+from accel._compat import CHECKPOINT_TAKES_EARLY_STOP
 
 from ._args import resolve_backend
 from ._non_reentrant import ContextFn, run_non_reentrant
@@ -124,17 +125,16 @@ def checkpoint(
             non-reentrant recomputation does not match the forward.
     """
     if torch.compiler.is_compiling():
-        early_stop_kwargs, _ = _compat.checkpoint_early_stop(early_stop)
-        return torch.utils.checkpoint.checkpoint(
+        return _torch_checkpoint(
             function,
-            *args,
-            use_reentrant=use_reentrant,
-            preserve_rng_state=preserve_rng_state,
-            context_fn=torch.utils.checkpoint.noop_context_fn if context_fn is None else context_fn,
-            determinism_check=determinism_check,
-            debug=debug,
-            **early_stop_kwargs,
-            **kwargs,
+            args,
+            kwargs,
+            use_reentrant,
+            preserve_rng_state,
+            context_fn,
+            determinism_check,
+            debug,
+            early_stop,
         )
     if use_reentrant is None:
         warn_missing_use_reentrant(sequential=False)
@@ -196,25 +196,27 @@ def _torch_checkpoint(
     function: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    use_reentrant: bool,
+    use_reentrant: bool | None,
     preserve_rng_state: bool,
     context_fn: ContextFn | None,
     determinism_check: str,
     debug: bool,
     early_stop: bool,
 ) -> Any:
-    if use_reentrant and kwargs:
-        args, function = (*args, *kwargs.values()), _positional(function, len(args), list(kwargs))
-        kwargs = {}
+    """Call torch's checkpoint under torch.compile, passing only what differs from its defaults.
+
+    Dynamo turns that call into a checkpointed region; it rejects a ``context_fn`` it
+    cannot trace even when it is torch's own default, so defaults are left out.
+    """
     extra: dict[str, Any] = {}
-    if not use_reentrant:
-        early_stop_kwargs, _ = _compat.checkpoint_early_stop(early_stop)
-        extra = {
-            "context_fn": context_fn or torch.utils.checkpoint.noop_context_fn,
-            "determinism_check": determinism_check,
-            "debug": debug,
-            **early_stop_kwargs,
-        }
+    if not _is_default_context_fn(context_fn):
+        extra["context_fn"] = context_fn
+    if determinism_check != "default":
+        extra["determinism_check"] = determinism_check
+    if debug:
+        extra["debug"] = debug
+    if not early_stop and CHECKPOINT_TAKES_EARLY_STOP:
+        extra["early_stop"] = early_stop
     return torch.utils.checkpoint.checkpoint(
         function,
         *args,
@@ -223,15 +225,6 @@ def _torch_checkpoint(
         **extra,
         **kwargs,
     )
-
-
-def _positional(
-    function: Callable[..., Any], positional: int, keys: list[str]
-) -> Callable[..., Any]:
-    def call(*values: Any) -> Any:
-        return function(*values[:positional], **dict(zip(keys, values[positional:], strict=True)))
-
-    return call
 
 
 def _run_checkpoint_eagerly(

@@ -55,8 +55,7 @@ def _without_stacks(message: str) -> str:
     return "\n".join(
         line
         for line in message.splitlines()
-        if not re.search(r"(\.py|\.c|\.cpp|\.h):\d+|^\s*(File |\?\?:0|\(no)", line)
-        and "0x" not in line
+        if not re.search(r"[/\\]|0x|:\d+:|^\s*(File |\?\?|\(no)", line)
     )
 
 
