@@ -90,6 +90,12 @@ def graph_exec_group() -> Any:
     return getattr(torch.utils.checkpoint, "GraphExecGroup", None)
 
 
+# Bound at import, so that a later global rebinding of torch's names to accel's does not
+# turn the probe below into a call of accel's own checkpoint.
+_TORCH_CHECKPOINT = torch.utils.checkpoint.checkpoint
+_TORCH_CHECKPOINT_SEQUENTIAL = torch.utils.checkpoint.checkpoint_sequential
+
+
 def _identity(value: torch.Tensor) -> torch.Tensor:
     return value
 
@@ -113,9 +119,9 @@ def missing_use_reentrant_warning(sequential: bool) -> tuple[type[Warning], str]
     with warnings.catch_warnings(record=True) as caught, torch.no_grad():
         warnings.simplefilter("always")
         if sequential:
-            torch.utils.checkpoint.checkpoint_sequential([_identity], 1, value)  # type: ignore[no-untyped-call]
+            _TORCH_CHECKPOINT_SEQUENTIAL([_identity], 1, value)  # type: ignore[no-untyped-call]
         else:
-            torch.utils.checkpoint.checkpoint(_identity, value)
+            _TORCH_CHECKPOINT(_identity, value)
     for warning in caught:
         if "use_reentrant" in str(warning.message):
             return warning.category, str(warning.message)

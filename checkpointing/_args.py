@@ -7,7 +7,7 @@ from typing import Any
 import accel
 from accel import Accelerator
 
-__all__ = ["require_bool", "resolve_backend"]
+__all__ = ["require_bool", "require_optional_bool", "resolve_backend"]
 
 
 def resolve_backend(backend: Any, *, where: str = "backend") -> Accelerator | None:
@@ -45,5 +45,16 @@ def require_bool(value: Any, name: str) -> bool:
         raise TypeError(
             f"checkpointing: {name} must be True or False, got {value!r} "
             f"({type(value).__name__}). Pass a bool."
+        )
+    return value
+
+
+def require_optional_bool(value: Any, name: str) -> bool | None:
+    """Return ``value`` if it is a bool or ``None``, else raise a ``TypeError`` naming ``name``."""
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(
+            f"checkpointing: {name} must be True, False or None, got a "
+            f"{type(value).__name__} ({value!r:.60}). Pass it by keyword: "
+            f"{name}=False (recommended) or {name}=True."
         )
     return value

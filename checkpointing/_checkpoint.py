@@ -50,8 +50,8 @@ import accel
 from accel import Accelerator, _compat
 from accel._compat import CHECKPOINT_TAKES_EARLY_STOP
 
-from ._args import resolve_backend
-from ._non_reentrant import ContextFn, run_non_reentrant
+from ._args import require_optional_bool, resolve_backend
+from ._non_reentrant import TORCH_CHECKPOINT, TORCH_NOOP_CONTEXT_FN, ContextFn, run_non_reentrant
 from ._reentrant import run_reentrant
 from ._state import Options
 
@@ -62,7 +62,7 @@ NO_INPUT_GRAD_WARNING = "None of the inputs have requires_grad=True. Gradients w
 
 
 def _is_default_context_fn(context_fn: Any) -> bool:
-    return context_fn is None or context_fn is torch.utils.checkpoint.noop_context_fn
+    return context_fn is None or context_fn is TORCH_NOOP_CONTEXT_FN
 
 
 def checkpoint(
@@ -136,6 +136,7 @@ def checkpoint(
             debug,
             early_stop,
         )
+    require_optional_bool(use_reentrant, "use_reentrant")
     if use_reentrant is None:
         warn_missing_use_reentrant(sequential=False)
     reentrant = True if use_reentrant is None else bool(use_reentrant)
@@ -217,7 +218,7 @@ def _torch_checkpoint(
         extra["debug"] = debug
     if not early_stop and CHECKPOINT_TAKES_EARLY_STOP:
         extra["early_stop"] = early_stop
-    return torch.utils.checkpoint.checkpoint(
+    return TORCH_CHECKPOINT(
         function,
         *args,
         use_reentrant=use_reentrant,

@@ -51,9 +51,14 @@ from accel import _compat
 from ._offload import HostCopy, restore, stash, wait_for_copies
 from ._state import ForwardState, Options, recomputation
 
-__all__ = ["ContextFn", "run_non_reentrant"]
+__all__ = ["TORCH_CHECKPOINT", "TORCH_NOOP_CONTEXT_FN", "ContextFn", "run_non_reentrant"]
 
 ContextFn = Callable[[], tuple[AbstractContextManager[Any], AbstractContextManager[Any]]]
+
+# torch's own function, bound at import: code that rebinds torch.utils.checkpoint.checkpoint
+# to ours (a global patch, as some libraries do) must not make ours call itself.
+TORCH_CHECKPOINT: Callable[..., Any] = torch.utils.checkpoint.checkpoint
+TORCH_NOOP_CONTEXT_FN = torch.utils.checkpoint.noop_context_fn
 
 
 class _Replay:
@@ -142,14 +147,12 @@ def run_non_reentrant(
     early_stop_kwargs, early_stop_context = _compat.checkpoint_early_stop(early_stop)
     try:
         with offload if offload is not None else nullcontext(), early_stop_context:
-            return torch.utils.checkpoint.checkpoint(
+            return TORCH_CHECKPOINT(
                 replay,
                 *args,
                 use_reentrant=False,
                 preserve_rng_state=False,
-                context_fn=torch.utils.checkpoint.noop_context_fn
-                if context_fn is None
-                else context_fn,
+                context_fn=TORCH_NOOP_CONTEXT_FN if context_fn is None else context_fn,
                 determinism_check=determinism_check,
                 debug=debug,
                 **early_stop_kwargs,

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from ._args import resolve_backend
+from ._args import require_optional_bool, resolve_backend
 from ._checkpoint import run_checkpoint, warn_missing_use_reentrant
 
 __all__ = ["checkpoint_sequential"]
@@ -63,6 +63,7 @@ def checkpoint_sequential(
         ValueError: For any other keyword argument (torch's wording), or a
             ``segments`` outside ``1..len(functions)``.
     """
+    require_optional_bool(use_reentrant, "use_reentrant")
     if use_reentrant is None:
         warn_missing_use_reentrant(sequential=True)
     preserve_rng_state = bool(kwargs.pop("preserve_rng_state", True))

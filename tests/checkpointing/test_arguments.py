@@ -74,3 +74,12 @@ def test_checkpoint_wrapper_flags_must_be_bools(option: str) -> None:
 def test_offload_to_cpu_positional_string_is_rejected() -> None:
     with pytest.raises(TypeError, match="offload_to_cpu must be True or False"):
         checkpoint_wrapper(nn.Linear(2, 2), "yes")  # type: ignore[arg-type]
+
+
+def test_use_reentrant_must_be_a_bool_or_none() -> None:
+    # torch.utils.checkpoint.checkpoint_sequential(model, 1, a, b) puts b in use_reentrant.
+    a, b = torch.ones(2, requires_grad=True), torch.ones(2)
+    with pytest.raises(TypeError, match=r"^checkpointing: use_reentrant must be True, False or"):
+        checkpoint_sequential([torch.sin], 1, a, b)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^checkpointing: use_reentrant must be"):
+        checkpoint(torch.sin, a, use_reentrant="no")  # type: ignore[arg-type]

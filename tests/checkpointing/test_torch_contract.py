@@ -413,3 +413,20 @@ def test_generator_of_the_inputs_device_is_captured_and_replayed(reentrant: bool
     assert dict(fork.kwargs) == {"devices": [1]}
     restored = [c.args for c in backend.calls if c.name == "set_rng_state"]
     assert [args[1:] for args in restored] == [(1,)]
+
+
+# Libraries that rebind torch's name to ours ----------------------------------------------
+
+
+@pytest.mark.parametrize("reentrant", [None, True, False], ids=["default", "reentrant", "non"])
+def test_torch_checkpoint_rebound_to_ours_does_not_recurse(
+    monkeypatch: pytest.MonkeyPatch, reentrant: bool | None
+) -> None:
+    monkeypatch.setattr(torch_checkpoint, "checkpoint", checkpoint)
+    monkeypatch.setattr(torch_checkpoint, "checkpoint_sequential", checkpoint_sequential)
+    x = torch.randn(3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch_checkpoint.checkpoint(torch.sin, x, use_reentrant=reentrant).sum().backward()
+        torch_checkpoint.checkpoint_sequential([torch.sin], 1, x, use_reentrant=reentrant)
+    assert torch.equal(x.grad, x.detach().cos())
