@@ -18,6 +18,8 @@ import torch.utils.checkpoint
 
 __all__ = [
     "CHECKPOINT_TAKES_EARLY_STOP",
+    "CHECKPOINT_TAKES_RESPECT_HOOKS",
+    "REENTRANT_OPTIONS_MESSAGE",
     "checkpoint_debug_leaks_on_error",
     "checkpoint_early_stop",
     "checkpoint_supports_vmap",
@@ -43,6 +45,22 @@ def checkpoint_supports_vmap() -> bool:
 #: torch's checkpoint (a higher-order op there).
 CHECKPOINT_TAKES_EARLY_STOP = (
     "early_stop" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+)
+
+
+#: Whether torch's checkpoint takes ``respect_saved_tensors_hooks`` (new in 2.15; not in
+#: 2.13 or 2.4.1).
+CHECKPOINT_TAKES_RESPECT_HOOKS = (
+    "respect_saved_tensors_hooks" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+)
+
+#: torch's error for non-reentrant-only options given to the reentrant variant; 2.15 added
+#: ``respect_saved_tensors_hooks`` to the list and to the message.
+REENTRANT_OPTIONS_MESSAGE = (
+    "Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported "
+    "when use_reentrant=False."
+    if CHECKPOINT_TAKES_RESPECT_HOOKS
+    else "Passing `context_fn` or `debug` is only supported when use_reentrant=False."
 )
 
 

@@ -36,6 +36,7 @@ settings or the variant you chose.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -48,7 +49,11 @@ import torch.utils.checkpoint
 
 import accel
 from accel import Accelerator, _compat
-from accel._compat import CHECKPOINT_TAKES_EARLY_STOP
+from accel._compat import (
+    CHECKPOINT_TAKES_EARLY_STOP,
+    CHECKPOINT_TAKES_RESPECT_HOOKS,
+    REENTRANT_OPTIONS_MESSAGE,
+)
 
 from ._args import require_optional_bool, resolve_backend
 from ._non_reentrant import TORCH_CHECKPOINT, TORCH_NOOP_CONTEXT_FN, ContextFn, run_non_reentrant
@@ -66,7 +71,7 @@ def _is_default_context_fn(context_fn: Any) -> bool:
 
 
 def checkpoint(
-    function: Callable[..., Any],
+    function: Callable[..., Any] | None = None,
     *args: Any,
     use_reentrant: bool | None = None,
     preserve_rng_state: bool = True,
@@ -75,6 +80,7 @@ def checkpoint(
     determinism_check: str = "default",
     debug: bool = False,
     early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``function`` without keeping its activations; recompute them in backward.
@@ -109,10 +115,14 @@ def checkpoint(
             recomputation to a mismatch error.
         early_stop: Non-reentrant only: stop recomputing once every tensor backward
             needs is back (torch's ``set_checkpoint_early_stop`` overrides it).
+        respect_saved_tensors_hooks: Non-reentrant only: torch's (2.15 and later),
+            whether tensors a selective-checkpointing policy saves go through the
+            surrounding saved-tensor hooks. ``True`` needs a torch that has it.
         **kwargs: Keyword arguments for ``function`` (non-reentrant only).
 
     Returns:
-        What ``function`` returns.
+        What ``function`` returns; with no ``function`` and no arguments, a decorator
+        that checkpoints the function it is given with these options (as torch 2.15's).
 
     Raises:
         ValueError: Keyword arguments, ``context_fn`` or ``debug`` with the reentrant
@@ -124,6 +134,25 @@ def checkpoint(
         torch.utils.checkpoint.CheckpointError: In backward, torch's, when the
             non-reentrant recomputation does not match the forward.
     """
+    options: dict[str, Any] = {
+        "use_reentrant": use_reentrant,
+        "preserve_rng_state": preserve_rng_state,
+        "backend": backend,
+        "context_fn": context_fn,
+        "determinism_check": determinism_check,
+        "debug": debug,
+        "early_stop": early_stop,
+        "respect_saved_tensors_hooks": respect_saved_tensors_hooks,
+    }
+    if function is None and not args:
+        if kwargs:
+            raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
+        return functools.partial(_decorate, options=options)
+    if function is None:
+        raise TypeError(
+            "checkpointing: checkpoint() got arguments but no function to run. Pass the "
+            "function first: checkpoint(function, *args, use_reentrant=False)."
+        )
     if torch.compiler.is_compiling():
         return _torch_checkpoint(
             function,
@@ -135,6 +164,7 @@ def checkpoint(
             determinism_check,
             debug,
             early_stop,
+            respect_saved_tensors_hooks,
         )
     require_optional_bool(use_reentrant, "use_reentrant")
     if use_reentrant is None:
@@ -142,9 +172,18 @@ def checkpoint(
     reentrant = True if use_reentrant is None else bool(use_reentrant)
     if kwargs and reentrant:
         raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
-    if reentrant and (not _is_default_context_fn(context_fn) or debug is not False):
+    if reentrant and (
+        not _is_default_context_fn(context_fn)
+        or debug is not False
+        or (CHECKPOINT_TAKES_RESPECT_HOOKS and respect_saved_tensors_hooks is not None)
+    ):
+        raise ValueError(REENTRANT_OPTIONS_MESSAGE)
+    if respect_saved_tensors_hooks and not CHECKPOINT_TAKES_RESPECT_HOOKS:
         raise ValueError(
-            "Passing `context_fn` or `debug` is only supported when use_reentrant=False."
+            "checkpointing: respect_saved_tensors_hooks=True needs a torch whose checkpoint "
+            f"has that argument (torch 2.15 has it; this is torch {torch.__version__}), "
+            "where selective checkpointing keeps its saved tensors outside the surrounding "
+            "saved-tensor hooks. Upgrade torch, or leave the argument out."
         )
     return run_checkpoint(
         function,
@@ -157,7 +196,16 @@ def checkpoint(
         determinism_check=determinism_check,
         debug=debug,
         early_stop=early_stop,
+        respect_saved_tensors_hooks=respect_saved_tensors_hooks,
     )
+
+
+def _decorate(function: Callable[..., Any], *, options: dict[str, Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(function, *args, **options, **kwargs)
+
+    return checkpointed
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -203,6 +251,7 @@ def _torch_checkpoint(
     determinism_check: str,
     debug: bool,
     early_stop: bool,
+    respect_saved_tensors_hooks: bool | None = None,
 ) -> Any:
     """Call torch's checkpoint under torch.compile, passing only what differs from its defaults.
 
@@ -218,6 +267,8 @@ def _torch_checkpoint(
         extra["debug"] = debug
     if not early_stop and CHECKPOINT_TAKES_EARLY_STOP:
         extra["early_stop"] = early_stop
+    if respect_saved_tensors_hooks is not None and CHECKPOINT_TAKES_RESPECT_HOOKS:
+        extra["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     return TORCH_CHECKPOINT(
         function,
         *args,
@@ -255,6 +306,7 @@ def run_checkpoint(
     determinism_check: str = "default",
     debug: bool = False,
     early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
 ) -> Any:
     """Checkpoint ``function(*args, **kwargs)`` with validated options.
 
@@ -276,6 +328,7 @@ def run_checkpoint(
                 determinism_check=determinism_check,
                 debug=debug,
                 early_stop=early_stop,
+                respect_saved_tensors_hooks=respect_saved_tensors_hooks,
             )
         return _torch_checkpoint(
             function,
@@ -287,6 +340,7 @@ def run_checkpoint(
             determinism_check,
             debug,
             early_stop,
+            respect_saved_tensors_hooks,
         )
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
@@ -310,4 +364,5 @@ def run_checkpoint(
         determinism_check=determinism_check,
         debug=debug,
         early_stop=early_stop,
+        respect_saved_tensors_hooks=respect_saved_tensors_hooks,
     )

@@ -122,6 +122,7 @@ def run_non_reentrant(
     determinism_check: str = "default",
     debug: bool = False,
     early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
 ) -> Any:
     """Run ``function(*args, **kwargs)`` through torch's non-reentrant checkpoint.
 
@@ -134,6 +135,7 @@ def run_non_reentrant(
         determinism_check: torch's ``determinism_check``.
         debug: torch's ``debug``.
         early_stop: torch's ``early_stop``.
+        respect_saved_tensors_hooks: torch's (2.15 and later); ``None`` passes nothing.
 
     Returns:
         What ``function`` returns.
@@ -145,6 +147,8 @@ def run_non_reentrant(
     # (and the inputs come back to the recomputation as the same objects).
     offload = _OffloadInputs(options) if options.offload and _on_device(args, kwargs) else None
     early_stop_kwargs, early_stop_context = _compat.checkpoint_early_stop(early_stop)
+    if respect_saved_tensors_hooks is not None and _compat.CHECKPOINT_TAKES_RESPECT_HOOKS:
+        early_stop_kwargs["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     try:
         with offload if offload is not None else nullcontext(), early_stop_context:
             return TORCH_CHECKPOINT(

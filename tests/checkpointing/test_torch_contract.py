@@ -430,3 +430,38 @@ def test_torch_checkpoint_rebound_to_ours_does_not_recurse(
         torch_checkpoint.checkpoint(torch.sin, x, use_reentrant=reentrant).sum().backward()
         torch_checkpoint.checkpoint_sequential([torch.sin], 1, x, use_reentrant=reentrant)
     assert torch.equal(x.grad, x.detach().cos())
+
+
+# torch 2.15's additions: the decorator form and respect_saved_tensors_hooks ---------------
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_decorator_form(reentrant: bool) -> None:
+    calls = [0]
+
+    @checkpoint(use_reentrant=reentrant, backend="cpu")
+    def block(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        calls[0] += 1
+        return (x.sin() * scale).exp()
+
+    x = torch.randn(3, requires_grad=True)
+    block(x).sum().backward()
+    assert calls[0] == 2 and block.__name__ == "block"
+    expected = (x.detach().sin()).exp() * x.detach().cos()
+    assert torch.allclose(x.grad, expected)
+    with pytest.raises(ValueError, match=r"^Unexpected keyword arguments: scale$"):
+        checkpoint(use_reentrant=False, scale=2.0)
+
+
+def test_respect_saved_tensors_hooks_follows_the_installed_torch() -> None:
+    x = torch.randn(3, requires_grad=True)
+    if _compat.CHECKPOINT_TAKES_RESPECT_HOOKS:
+        for value in (True, False):
+            checkpoint(
+                torch.sin, x, use_reentrant=False, respect_saved_tensors_hooks=value
+            ).sum().backward()
+        assert torch.equal(x.grad, 2 * x.detach().cos())
+    else:
+        checkpoint(torch.sin, x, use_reentrant=False, respect_saved_tensors_hooks=False)
+        with pytest.raises(ValueError, match=r"^checkpointing: respect_saved_tensors_hooks=True"):
+            checkpoint(torch.sin, x, use_reentrant=False, respect_saved_tensors_hooks=True)
