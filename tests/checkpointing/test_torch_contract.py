@@ -97,8 +97,9 @@ def _changing(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 _DEBUG_LEAKS = pytest.mark.skipif(
     _compat.checkpoint_debug_leaks_on_error(),
-    reason=f"torch {torch.__version__}'s own debug=True checkpoint leaves its operator logging "
-    "installed after an error, which breaks every later test in the process (2.13 and 2.15 clean up)",
+    reason=f"torch {torch.__version__}'s own debug=True checkpoint leaves its operator "
+    "logging installed after an error, which breaks every later test in the process "
+    "(2.13 and 2.15 clean up)",
 )
 
 
