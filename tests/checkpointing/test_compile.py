@@ -8,7 +8,7 @@ outputs and gradients exactly: dynamo sees the same higher-order op either way.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,6 +31,18 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Guards may run slower on Python 3.13.0:RuntimeWarning"),
 ]
 MODES = [pytest.param(False, id="non_reentrant"), pytest.param(True, id="reentrant")]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    # Compiled code and dynamo's caches must not outlive the test (torch 2.4 otherwise
+    # changes how later, unrelated tests in the process run).
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    # Loading inductor's CPU kernels built with -ffast-math turns on flush-to-zero for the
+    # whole process on torch 2.4 (denormals become 0 in every later test); turn it off.
+    torch.set_flush_denormal(False)
 
 
 def _model(dropout: float = 0.3) -> nn.Module:
