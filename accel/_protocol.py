@@ -156,17 +156,28 @@ class Accelerator(Protocol):
     def manual_seed(self, seed: int) -> None:
         """Seed the generator of the current device (the CPU generator on ``cpu``)."""
 
-    def get_rng_state(self) -> torch.Tensor:
-        """Return a copy of the current device's generator state as a ``uint8`` tensor."""
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
+        """Return a copy of device ``index``'s generator state as a ``uint8`` tensor.
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore a state returned by :meth:`get_rng_state` on the current device."""
+        ``None`` means the current device. An index this process cannot use raises
+        :class:`accel.DeviceIndexError`. Reading a state never initialises a device
+        that the call does not name.
+        """
 
-    def fork_rng(self, enabled: bool = True) -> AbstractContextManager[None]:
-        """Return a context that restores the CPU and device generators on exit.
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        """Restore a state returned by :meth:`get_rng_state` on device ``index``.
 
-        The states are restored whether the block finishes or raises. With
-        ``enabled=False`` the context does nothing.
+        ``None`` means the current device; only that device's generator changes.
+        """
+
+    def fork_rng(
+        self, enabled: bool = True, devices: Sequence[int] | None = None
+    ) -> AbstractContextManager[None]:
+        """Return a context that restores the CPU generator and device generators on exit.
+
+        ``devices`` lists the device indices whose generators are saved and restored;
+        ``None`` means the current device only. The states are restored whether the
+        block finishes or raises. With ``enabled=False`` the context does nothing.
         """
 
     # Autocast -------------------------------------------------------------------------
@@ -230,6 +241,17 @@ class Accelerator(Protocol):
         allocate pageable memory and copy it); a plain ``torch.empty`` on the host where
         :attr:`supports_pinned_memory` is false. Contiguous, on ``cpu``, never
         initialises values (write before reading).
+        """
+
+    # Compilation ----------------------------------------------------------------------
+
+    @property
+    def compile_backend(self) -> str:
+        """The ``torch.compile`` backend for this device.
+
+        ``torch.compile(model, backend=backend.compile_backend)`` compiles for this
+        device on every backend: ``"inductor"`` on ``cpu``, ``cuda`` and ``xpu``,
+        ``"hpu_backend"`` on Gaudi. Reading it imports and initialises nothing.
         """
 
     # Dtypes and distributed -----------------------------------------------------------

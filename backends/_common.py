@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,20 +34,26 @@ def autocast_kwargs_for(device_type: str, *, cache_supported: bool = True) -> di
 @contextmanager
 def forked_rng(
     enabled: bool,
-    get_device_state: Callable[[], torch.Tensor],
-    set_device_state: Callable[[torch.Tensor], None],
+    get_device_state: Callable[[int | None], torch.Tensor],
+    set_device_state: Callable[[torch.Tensor, int | None], None],
+    devices: Sequence[int] | None = None,
 ) -> Iterator[None]:
-    """Save the CPU and device generator states, and restore both on exit."""
+    """Save the CPU generator and the generators of ``devices``; restore them all on exit.
+
+    ``devices=None`` means the current device only.
+    """
     if not enabled:
         yield
         return
+    indices: list[int | None] = [None] if devices is None else list(devices)
     cpu_state = torch.get_rng_state()
-    device_state = get_device_state()
+    device_states = [(index, get_device_state(index)) for index in indices]
     try:
         yield
     finally:
         torch.set_rng_state(cpu_state)
-        set_device_state(device_state)
+        for index, state in device_states:
+            set_device_state(state, index)
 
 
 def checked_index(backend_name: str, index: int, device_count: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
@@ -26,6 +27,7 @@ class SingleDeviceBackend(WithoutStreams, WithoutDeviceMemory, ABC):
     the_device: ClassVar[torch.device]
     is_lazy = False
     communication_backend = "gloo"
+    compile_backend: ClassVar[str] = "inductor"
 
     def device(self, index: int | None = None) -> torch.device:
         """Return the one device; only index 0 (or ``None``) is valid."""
@@ -61,20 +63,25 @@ class SingleDeviceBackend(WithoutStreams, WithoutDeviceMemory, ABC):
         """Seed the device generator."""
 
     @abstractmethod
-    def get_rng_state(self) -> torch.Tensor:
-        """Return the device generator state."""
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
+        """Return the device generator state (``index`` 0 or ``None``)."""
 
     @abstractmethod
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore the device generator state."""
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        """Restore the device generator state (``index`` 0 or ``None``)."""
 
     @abstractmethod
     def empty_cache(self) -> None:
         """Release cached device memory where the device keeps any."""
 
-    def fork_rng(self, enabled: bool = True) -> AbstractContextManager[None]:
+    def fork_rng(
+        self, enabled: bool = True, devices: Sequence[int] | None = None
+    ) -> AbstractContextManager[None]:
         """Return a context that restores the CPU and device generators on exit."""
-        return forked_rng(enabled, self.get_rng_state, self.set_rng_state)
+        if devices is not None:
+            for index in devices:
+                checked_index(self.name, index, 1)
+        return forked_rng(enabled, self.get_rng_state, self.set_rng_state, devices)
 
     def autocast_kwargs(self) -> dict[str, Any]:
         """Return the current autocast state of this device as ``torch.autocast`` keywords."""

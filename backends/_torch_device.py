@@ -30,6 +30,7 @@ class TorchDeviceBackend:
     supports_streams = True
     supports_pinned_memory = True
     supports_memory_stats = True
+    compile_backend = "inductor"
 
     def __init__(self, module: ModuleType) -> None:
         self._module = module
@@ -88,18 +89,29 @@ class TorchDeviceBackend:
         """Seed the current device's generator."""
         self._module.manual_seed(seed)
 
-    def get_rng_state(self) -> torch.Tensor:
-        """Return the current device's generator state."""
-        state: torch.Tensor = self._module.get_rng_state()
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
+        """Return the generator state of device ``index`` (default: the current device)."""
+        if index is None:
+            state: torch.Tensor = self._module.get_rng_state()
+        else:
+            state = self._module.get_rng_state(checked_index(self.name, index, self.device_count()))
         return state
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore the current device's generator state."""
-        self._module.set_rng_state(state)
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        """Restore the generator state of device ``index`` (default: the current device)."""
+        if index is None:
+            self._module.set_rng_state(state)
+        else:
+            self._module.set_rng_state(state, checked_index(self.name, index, self.device_count()))
 
-    def fork_rng(self, enabled: bool = True) -> AbstractContextManager[None]:
-        """Return a context that restores the CPU and current-device generators on exit."""
-        return forked_rng(enabled, self.get_rng_state, self.set_rng_state)
+    def fork_rng(
+        self, enabled: bool = True, devices: Sequence[int] | None = None
+    ) -> AbstractContextManager[None]:
+        """Return a context that restores the CPU generator and those of ``devices`` on exit.
+
+        ``devices=None`` means the current device.
+        """
+        return forked_rng(enabled, self.get_rng_state, self.set_rng_state, devices)
 
     def autocast_kwargs(self) -> dict[str, Any]:
         """Return the current autocast state of this device as ``torch.autocast`` keywords."""

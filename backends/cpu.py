@@ -8,7 +8,7 @@ import torch
 
 from accel import BackendSpec, hookimpl
 
-from ._common import one_host_device
+from ._common import checked_index, one_host_device
 from ._single import SingleDeviceBackend
 
 __all__ = ["CpuBackend", "accel_backends"]
@@ -42,12 +42,16 @@ class CpuBackend(SingleDeviceBackend):
         """Seed the CPU generator."""
         torch.manual_seed(seed)
 
-    def get_rng_state(self) -> torch.Tensor:
-        """Return the CPU generator state."""
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
+        """Return the CPU generator state (``index`` 0 or ``None``: there is one device)."""
+        if index is not None:
+            checked_index(self.name, index, 1)
         return torch.get_rng_state()
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore the CPU generator state."""
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        """Restore the CPU generator state (``index`` 0 or ``None``)."""
+        if index is not None:
+            checked_index(self.name, index, 1)
         torch.set_rng_state(state)
 
     def empty_cache(self) -> None:

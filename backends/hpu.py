@@ -104,6 +104,7 @@ class HpuBackend(TorchDeviceBackend):
     name = "hpu"
     device_type = "hpu"
     communication_backend = "hccl"
+    compile_backend = "hpu_backend"
 
     def __init__(self) -> None:
         # Read before the import: the bridge picks this process's card from it.
@@ -168,16 +169,18 @@ class HpuBackend(TorchDeviceBackend):
         """Seed the HPU generator."""
         self._random.manual_seed(seed)
 
-    def get_rng_state(self) -> torch.Tensor:
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
         """Return a copy of the HPU generator state (device 0, the only one it accepts).
 
         A copy, because in philox mode the bridge returns its live state tensor.
         """
+        self._check_index(0 if index is None else index)
         state: torch.Tensor = self._random.get_rng_state(0)
         return state.detach().clone()
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore the HPU generator state on device 0."""
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        """Restore the HPU generator state on device 0 (the only valid ``index``)."""
+        self._check_index(0 if index is None else index)
         self._random.set_rng_state(state, 0)
 
     def autocast_kwargs(self) -> dict[str, Any]:

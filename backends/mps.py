@@ -12,6 +12,7 @@ import torch
 
 from accel import Availability, BackendSpec, hookimpl
 
+from ._common import checked_index
 from ._single import SingleDeviceBackend
 
 __all__ = ["MpsBackend", "accel_backends"]
@@ -24,6 +25,9 @@ class MpsBackend(SingleDeviceBackend):
     device_type = "mps"
     the_device = torch.device("mps", 0)
     is_asynchronous = True
+    # Inductor's Metal code generation only exists in recent torch releases; aot_eager
+    # compiles on every supported one.
+    compile_backend = "aot_eager"
 
     def device_count(self) -> int:
         """Return 1 where MPS is available, else 0."""
@@ -41,12 +45,16 @@ class MpsBackend(SingleDeviceBackend):
         """Seed the MPS generator."""
         torch.mps.manual_seed(seed)
 
-    def get_rng_state(self) -> torch.Tensor:
-        """Return the MPS generator state."""
+    def get_rng_state(self, index: int | None = None) -> torch.Tensor:
+        """Return the MPS generator state (``index`` 0 or ``None``)."""
+        if index is not None:
+            checked_index(self.name, index, 1)
         return torch.mps.get_rng_state()
 
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        """Restore the MPS generator state."""
+    def set_rng_state(self, state: torch.Tensor, index: int | None = None) -> None:
+        """Restore the MPS generator state (``index`` 0 or ``None``)."""
+        if index is not None:
+            checked_index(self.name, index, 1)
         torch.mps.set_rng_state(state)
 
     def empty_cache(self) -> None:

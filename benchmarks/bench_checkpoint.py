@@ -24,9 +24,14 @@ RSS above the RSS after setup, with a 1% allowance for allocator noise; the abso
 peak also counts what torch's checkpoint imports on first use); our step time under
 1.40x the step without checkpointing.
 
+With ``--compile [BACKEND]`` every variant's training step is compiled with
+``torch.compile`` (default backend: the accel backend's ``compile_backend``), so ours and
+torch's are compared as a compiled model runs them; results go to
+``checkpoint-compile-*.json`` and the peak-RSS children are skipped.
+
 Usage: python benchmarks/bench_checkpoint.py [--backend NAME] [--layers N] [--d-model N]
        [--heads N] [--ffn N] [--seq N] [--batch N] [--dropout-percent N] [--warmup N]
-       [--steps N] [--threads N] [--no-rss]
+       [--steps N] [--threads N] [--no-rss] [--compile [BACKEND]]
 """
 
 from __future__ import annotations
@@ -109,20 +114,38 @@ def block_runner(variant: str, backend: Accelerator) -> Callable[[nn.Module, tor
 class Workload:
     """One model copy per variant, the same data, and a training step."""
 
-    def __init__(self, backend: Accelerator, config: dict[str, int], variants: tuple[str, ...]):
+    def __init__(
+        self,
+        backend: Accelerator,
+        config: dict[str, int],
+        variants: tuple[str, ...],
+        compile_backend: str | None = None,
+    ):
         self.backend = backend
         device = backend.device()
         torch.manual_seed(0)
         base = Stack(config).to(device).train()
         self.models = {variant: copy.deepcopy(base) for variant in variants}
         self.runners = {variant: block_runner(variant, backend) for variant in variants}
+        self.forwards: dict[str, Callable[[torch.Tensor], Any]] = {}
+        for variant in variants:
+            model, runner = self.models[variant], self.runners[variant]
+
+            def forward(x: torch.Tensor, model: nn.Module = model, runner: Any = runner) -> Any:
+                return model(x, runner)
+
+            self.forwards[variant] = (
+                forward
+                if compile_backend is None
+                else torch.compile(forward, backend=compile_backend, fullgraph=True)
+            )
         generator = torch.Generator().manual_seed(1)
         shape = (config["batch"], config["seq"], config["d_model"])
         self.x = torch.randn(*shape, generator=generator).to(device)
         self.target = torch.randn(*shape, generator=generator).to(device)
 
     def forward_loss(self, variant: str) -> torch.Tensor:
-        out = self.models[variant](self.x, self.runners[variant])
+        out = self.forwards[variant](self.x)
         return nn.functional.mse_loss(out, self.target)
 
     def step(self, variant: str) -> float:
@@ -251,6 +274,14 @@ def parse_args() -> argparse.Namespace:
         "which makes single steps 10x slower at random)",
     )
     parser.add_argument("--no-rss", action="store_true", help="skip the child processes")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="",
+        default=None,
+        help="compile each variant with torch.compile (default backend: the accel "
+        "backend's compile_backend)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--config", default=None, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -269,7 +300,11 @@ def main() -> None:
         return
     backend = accel.get_backend(args.backend)
     config = config_of(args)
-    workload = Workload(backend, config, VARIANTS)
+    compile_backend = None
+    if args.compile is not None:
+        compile_backend = args.compile or backend.compile_backend
+        args.no_rss = True
+    workload = Workload(backend, config, VARIANTS, compile_backend)
 
     saved = {variant: workload.saved_bytes(variant) for variant in VARIANTS}
     for _ in range(args.warmup):
@@ -361,7 +396,8 @@ def main() -> None:
         )
     print(
         f"backend: {backend.name}; config: {config}; {args.steps} timed rounds; "
-        f"{torch.get_num_threads()} torch thread(s)\n"
+        f"{torch.get_num_threads()} torch thread(s); "
+        f"torch.compile: {compile_backend or 'no'}\n"
     )
     print_table(
         (
@@ -393,7 +429,7 @@ def main() -> None:
 
     all_met = all(t["met"] for result in targets.values() for t in result.values())
     path = write_results(
-        "checkpoint",
+        "checkpoint" if compile_backend is None else "checkpoint-compile",
         backend.name,
         {
             "config": {
@@ -401,6 +437,7 @@ def main() -> None:
                 "warmup": args.warmup,
                 "steps": args.steps,
                 "torch_threads": torch.get_num_threads(),
+                "compile_backend": compile_backend,
             },
             "torch_version": torch.__version__,
             "accel_version": accel.__version__,

@@ -16,16 +16,21 @@ Example::
 Public names:
 
 * :func:`checkpoint` and :func:`checkpoint_sequential`: torch's signatures, plus
-  ``backend=`` (default :func:`accel.get_backend`);
+  ``backend=`` (a backend or its name; default :func:`accel.get_backend`);
 * :func:`checkpoint_wrapper` and :func:`apply_activation_checkpointing`: checkpoint
   submodules in place, optionally keeping their inputs in host memory
   (``offload_to_cpu``);
 * :func:`is_recomputing`: whether this thread is re-running a checkpointed function;
-* :class:`CheckpointError`: a recomputation that does not match its forward;
+* :class:`CheckpointError`: a recomputation that does not match its forward (torch's
+  ``torch.utils.checkpoint.CheckpointError``, re-exported);
+* :func:`set_checkpoint_debug_enabled` and :func:`set_checkpoint_early_stop`: torch's
+  global switches, re-exported; they apply to the non-reentrant variant here too;
 * :class:`SavedTensorMeter`: the bytes autograd keeps for backward, on any device.
 """
 
 from __future__ import annotations
+
+import torch.utils.checkpoint
 
 from ._checkpoint import checkpoint
 from ._errors import CheckpointError
@@ -33,6 +38,10 @@ from ._measure import SavedTensorMeter
 from ._sequential import checkpoint_sequential
 from ._state import is_recomputing
 from ._wrapper import CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper
+
+# torch's own global switches: the non-reentrant variant runs torch's checkpoint.
+set_checkpoint_debug_enabled = torch.utils.checkpoint.set_checkpoint_debug_enabled
+set_checkpoint_early_stop = torch.utils.checkpoint.set_checkpoint_early_stop
 
 __all__ = [
     "CheckpointError",
@@ -43,4 +52,6 @@ __all__ = [
     "checkpoint_sequential",
     "checkpoint_wrapper",
     "is_recomputing",
+    "set_checkpoint_debug_enabled",
+    "set_checkpoint_early_stop",
 ]

@@ -1,16 +1,14 @@
-"""The error raised when checkpointing cannot give the plain run's result."""
+"""The error raised when a recomputation does not match its forward."""
 
 from __future__ import annotations
 
-from accel import AccelError
+import torch.utils.checkpoint
 
 __all__ = ["CheckpointError"]
 
-
-class CheckpointError(AccelError, RuntimeError):
-    """A checkpointed region cannot be recomputed exactly, or was used in a way it cannot be.
-
-    It derives from :class:`RuntimeError`, like the errors ``torch.utils.checkpoint``
-    raises, so code that catches those keeps working. Messages start with
-    ``checkpointing:`` and say what was wrong, what was expected and what to do.
-    """
+#: torch's own class, re-exported: the non-reentrant variant runs torch's checkpoint,
+#: whose mismatch errors (count, shape, dtype, device, a saved tensor unpacked twice)
+#: keep torch's type and wording, so ``except checkpointing.CheckpointError`` and
+#: ``except torch.utils.checkpoint.CheckpointError`` are the same clause. It derives
+#: from :class:`RuntimeError`.
+CheckpointError = torch.utils.checkpoint.CheckpointError

@@ -1,228 +1,115 @@
-"""The non-reentrant checkpoint, built on ``torch.autograd.graph.saved_tensors_hooks``.
+"""The non-reentrant checkpoint: torch's own, with accel's state replay layered in.
 
-Forward runs the function with grad enabled, so autograd records its graph as usual,
-but every tensor the graph saves for backward is replaced by an empty
-:class:`_Holder`: the activations are not kept. The first time backward unpacks one
-of them, the frame recomputes the function once (with the forward's generator and
-autocast states, after ``mark_step``) and fills every holder still alive; each unpack
-then hands over its tensor and forgets it, so recomputed activations are freed as
-backward consumes them.
+Design. This variant runs torch's public
+``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` and adds what only
+the :class:`accel.Accelerator` protocol knows, instead of re-implementing torch's
+saved-tensor machinery. That machinery is where torch's contract lives and where it
+changes between releases: early stop (and ``set_checkpoint_early_stop``), the
+``debug=True`` operator traces (and ``set_checkpoint_debug_enabled``), the exact
+``CheckpointError`` texts for a recomputation that differs from the forward and for a
+saved tensor unpacked twice, ``torch.autograd.grad`` inside the checkpointed function,
+``GraphExecGroup``, nested checkpoints, and ``torch.func.vmap``. A copy of it has to
+follow every release (the copy this replaces read its saved inputs in a way that
+failed on every torch before 2.13); delegating gives each installed torch's behaviour,
+word for word, for free.
 
-Because the real graph is the forward's, this variant works with
-:func:`torch.autograd.grad`, ``backward(inputs=...)``, keyword arguments and partial
-backward. Nested checkpoints work because a frame's inputs are saved through a no-op
-autograd Function: inside an outer checkpoint they become the outer frame's saved
-tensors and are themselves recomputed when needed.
+What accel adds, through the protocol, is layered around the user's function rather
+than through ``context_fn``, so ``context_fn`` stays the user's (selective
+checkpointing policies from ``create_selective_checkpoint_contexts``) and
+``debug=True``, which torch only allows with the default ``context_fn``, keeps working:
 
-Recomputation must save the same tensors in the same order as the forward; a
-different count, shape, dtype or device raises :class:`CheckpointError`.
+* torch is called with ``preserve_rng_state=False`` and the function it runs is a
+  :class:`_Replay`. Its first call is the forward: it captures the host generator and
+  the generator of every device the inputs live on (``backend.get_rng_state(index)``),
+  and the autocast states (``backend.autocast_kwargs()``). Each later call is a
+  recomputation: it flushes a lazy device's graph (``backend.mark_step()``), enters
+  ``backend.fork_rng(devices=...)``, restores those generators, replays the autocast
+  states, marks the thread as recomputing, and keeps modules with running statistics
+  from updating them twice (:func:`checkpointing._state.recomputation`). torch's own
+  generator handling would only know the devices torch has a module for, and not
+  ``mark_step``.
+* ``offload_to_cpu`` is a saved-tensor hook around torch's call: torch saves the
+  checkpoint's inputs before installing its own hooks, so exactly those inputs pass
+  through ours, which keeps them in host memory until the recomputation reads them.
+
+Under ``torch.compile``, dynamo only understands torch's checkpoint itself (it becomes
+a higher-order op, and dynamo enters no custom context), so :mod:`._checkpoint`
+delegates there with the user's own arguments and nothing of ours.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 
-from ._errors import CheckpointError
+from accel import _compat
+
 from ._offload import HostCopy, restore, stash, wait_for_copies
 from ._state import ForwardState, Options, recomputation
 
-__all__ = ["DETERMINISM_CHECKS", "run_non_reentrant"]
-
-DETERMINISM_CHECKS = ("default", "none")
+__all__ = ["TORCH_CHECKPOINT", "TORCH_NOOP_CONTEXT_FN", "ContextFn", "run_non_reentrant"]
 
 ContextFn = Callable[[], tuple[AbstractContextManager[Any], AbstractContextManager[Any]]]
-_Metadata = tuple[torch.Size, torch.dtype, torch.device]
-_MISSING = object()
 
-_ADVICE = (
-    "The checkpointed function must run the same operations on the same shapes when it "
-    "is recomputed for backward. Keep preserve_rng_state=True if it uses randomness, "
-    "make any branch on global state or on tensor values take the same path both times "
-    "(torch.use_deterministic_algorithms(True) helps with non-deterministic kernels), "
-    'or pass determinism_check="none" to skip this check at your own risk.'
-)
+# torch's own function, bound at import: code that rebinds torch.utils.checkpoint.checkpoint
+# to ours (a global patch, as some libraries do) must not make ours call itself.
+TORCH_CHECKPOINT: Callable[..., Any] = torch.utils.checkpoint.checkpoint
+TORCH_NOOP_CONTEXT_FN = torch.utils.checkpoint.noop_context_fn
 
 
-class _Holder:
-    """Stands in a saved-tensor slot of the forward graph; holds the recomputed tensor."""
+class _Replay:
+    """What torch's checkpoint runs: the forward on the first call, recomputations after."""
 
-    __slots__ = ("__weakref__", "value")
-
-    def __init__(self) -> None:
-        self.value: torch.Tensor | None = None
-
-
-class _SaveInputs(torch.autograd.Function):
-    """Saves a frame's tensor inputs through whatever saved-tensor hooks are active."""
-
-    @staticmethod
-    def forward(ctx: Any, dummy: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(*tensors)
-        return torch.empty((0,))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:  # pragma: no cover - never part of a graph
-        raise CheckpointError(
-            "checkpointing: internal error: the input saver of a checkpoint was "
-            "back-propagated. Please report this with the code that triggered it."
-        )
-
-
-def _describe(metadata: _Metadata) -> str:
-    shape, dtype, device = metadata
-    return f"shape {tuple(shape)}, dtype {dtype}, device {device}"
-
-
-def _name(function: Callable[..., Any]) -> str:
-    name = getattr(function, "__qualname__", None) or type(function).__name__
-    return str(name)
-
-
-class _Frame:
-    """One checkpointed call: how to rerun it, and the holders it must fill."""
-
-    def __init__(
-        self,
-        function: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: Options,
-        state: ForwardState,
-        check: bool,
-        recompute_context: AbstractContextManager[Any] | None,
-    ) -> None:
+    def __init__(self, function: Callable[..., Any], options: Options) -> None:
         self.function = function
         self.options = options
-        self.state = state
-        self.check = check
-        self.recompute_context = recompute_context
-        self.keys = list(kwargs)
-        values = [*args, *kwargs.values()]
-        self.positional = len(args)
-        self.layout: list[Any] = [
-            None if isinstance(value, torch.Tensor) else value for value in values
-        ]
-        self.saved_indices: list[int] = []
-        self.host_copies: dict[int, HostCopy] = {}
-        saved: list[torch.Tensor] = []
-        for index, value in enumerate(values):
-            if not isinstance(value, torch.Tensor):
-                continue
-            item = stash(value, options.backend) if options.offload else value
+        self.state: ForwardState | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        state = self.state
+        if state is None:
+            state = self.state = ForwardState.capture(
+                self.options.backend,
+                self.options.preserve_rng_state,
+                (*args, *kwargs.values()),
+            )
+            try:
+                return self.function(*args, **kwargs)
+            except BaseException:
+                state.restore_rng()
+                raise
+        with recomputation(state):
+            return self.function(*args, **kwargs)
+
+
+class _OffloadInputs(torch.autograd.graph.saved_tensors_hooks):
+    """Keeps the checkpoint's saved inputs in host memory until the recomputation."""
+
+    def __init__(self, options: Options) -> None:
+        backend = options.backend
+        self.copies: list[HostCopy] = []
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor | HostCopy:
+            item = stash(tensor, backend)
             if isinstance(item, HostCopy):
-                self.host_copies[index] = item
-            else:
-                self.saved_indices.append(index)
-                saved.append(value)
-        # The saver's output is kept, not only its node: before torch 2.13 a custom
-        # Function's node frees its saved tensors once its last output is collected.
-        self.saver: torch.Tensor | None = None
-        if saved:
-            dummy = torch.empty((0,), requires_grad=True)
-            self.saver = _SaveInputs.apply(dummy, *saved)
-        self.holders: list[weakref.ReferenceType[_Holder]] = []
-        self.metadata: list[_Metadata] = []
+                self.copies.append(item)
+            return item
 
-    # Forward -------------------------------------------------------------------------
+        def unpack(item: torch.Tensor | HostCopy) -> torch.Tensor:
+            return restore(item, backend)
 
-    def pack(self, tensor: torch.Tensor) -> _Holder:
-        holder = _Holder()
-        self.holders.append(weakref.ref(holder))
-        if self.check:
-            self.metadata.append((tensor.shape, tensor.dtype, tensor.device))
-        return holder
+        super().__init__(pack, unpack)
 
-    def unpack(self, holder: _Holder) -> torch.Tensor:
-        if holder.value is None:
-            self.recompute()
-        value = holder.value
-        if value is None:
-            # Only reachable with determinism_check="none": the count check would have
-            # raised in recompute() otherwise.
-            raise CheckpointError(
-                f"checkpointing: recomputing {_name(self.function)} for backward saved "
-                "fewer tensors than its forward, so a tensor backward needs is missing. "
-                f"{_ADVICE}"
-            )
-        holder.value = None
-        return value
 
-    # Backward ------------------------------------------------------------------------
-
-    def _inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        values = list(self.layout)
-        if self.saver is not None:
-            saved: tuple[torch.Tensor, ...] = self.saver.grad_fn.saved_tensors  # type: ignore[union-attr]
-            for index, tensor in zip(self.saved_indices, saved, strict=True):
-                values[index] = tensor.detach().requires_grad_(tensor.requires_grad)
-        for index, host_copy in self.host_copies.items():
-            values[index] = restore(host_copy, self.options.backend)
-        args = tuple(values[: self.positional])
-        kwargs = dict(zip(self.keys, values[self.positional :], strict=True))
-        return args, kwargs
-
-    def recompute(self) -> None:
-        """Rerun the function once and put each saved tensor in its live holder."""
-        args, kwargs = self._inputs()
-        counter = 0
-        mismatches: list[str] = []
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            # Detached, so that neither the holder nor the recomputed graph keeps a
-            # reference from a saved output back to its own node: that cycle runs
-            # through C++ and the garbage collector cannot break it.
-            tensor = tensor.detach() if tensor.requires_grad else tensor
-            nonlocal counter
-            index = counter
-            counter += 1
-            if index >= len(self.holders):
-                return tensor
-            if self.check and len(mismatches) < 3:
-                expected = self.metadata[index]
-                found = (tensor.shape, tensor.dtype, tensor.device)
-                if found != expected:
-                    mismatches.append(
-                        f"saved tensor #{index} has {_describe(found)} in recomputation "
-                        f"but had {_describe(expected)} in forward"
-                    )
-            holder = self.holders[index]()
-            if holder is not None:
-                holder.value = tensor
-            return tensor
-
-        def unpack(tensor: torch.Tensor) -> torch.Tensor:
-            return tensor
-
-        with ExitStack() as stack:
-            stack.enter_context(recomputation(self.state))
-            if self.recompute_context is not None:
-                stack.enter_context(self.recompute_context)
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, unpack))
-            self.function(*args, **kwargs)
-        if self.check and counter != len(self.holders):
-            self._clear()
-            raise CheckpointError(
-                f"checkpointing: recomputing {_name(self.function)} for backward saved "
-                f"{counter} tensors, but its forward saved {len(self.holders)}: the "
-                f"recomputation does not match the forward. {_ADVICE}"
-            )
-        if mismatches:
-            self._clear()
-            raise CheckpointError(
-                f"checkpointing: recomputing {_name(self.function)} for backward gave "
-                f"different tensors than its forward: {'; '.join(mismatches)}. {_ADVICE}"
-            )
-
-    def _clear(self) -> None:
-        for reference in self.holders:
-            holder = reference()
-            if holder is not None:
-                holder.value = None
+def _on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return any(
+        isinstance(value, torch.Tensor) and value.device.type != "cpu"
+        for value in (*args, *kwargs.values())
+    )
 
 
 def run_non_reentrant(
@@ -233,53 +120,48 @@ def run_non_reentrant(
     *,
     context_fn: ContextFn | None = None,
     determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
 ) -> Any:
-    """Run ``function(*args, **kwargs)`` without keeping its activations for backward.
+    """Run ``function(*args, **kwargs)`` through torch's non-reentrant checkpoint.
 
     Args:
         function: The function to checkpoint.
         args: Its positional arguments.
         kwargs: Its keyword arguments.
         options: Backend, RNG and offload settings.
-        context_fn: Returns two context managers: one entered around the forward, one
-            around the recomputation.
-        determinism_check: ``"default"`` compares the count, shapes, dtypes and
-            devices of the saved tensors between forward and recomputation;
-            ``"none"`` skips that.
+        context_fn: torch's ``context_fn``; ``None`` means torch's default.
+        determinism_check: torch's ``determinism_check``.
+        debug: torch's ``debug``.
+        early_stop: torch's ``early_stop``.
+        respect_saved_tensors_hooks: torch's (2.15 and later); ``None`` passes nothing.
 
     Returns:
         What ``function`` returns.
     """
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
-    forward_context, recompute_context = (None, None) if context_fn is None else context_fn()
-    state = ForwardState.capture(options.backend, options.preserve_rng_state)
-    frame = _Frame(
-        function,
-        args,
-        kwargs,
-        options,
-        state,
-        check=determinism_check == "default",
-        recompute_context=recompute_context,
-    )
-    outputs: Any = _MISSING
+    replay = _Replay(function, options)
+    # Host inputs are never copied, so without a device input there is nothing to offload
+    # (and the inputs come back to the recomputation as the same objects).
+    offload = _OffloadInputs(options) if options.offload and _on_device(args, kwargs) else None
+    early_stop_kwargs, early_stop_context = _compat.checkpoint_early_stop(early_stop)
+    if respect_saved_tensors_hooks is not None and _compat.CHECKPOINT_TAKES_RESPECT_HOOKS:
+        early_stop_kwargs["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     try:
-        with ExitStack() as stack:
-            if forward_context is not None:
-                stack.enter_context(forward_context)
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack))
-            outputs = function(*args, **kwargs)
-    except BaseException:
-        state.restore_rng()
-        raise
+        with offload if offload is not None else nullcontext(), early_stop_context:
+            return TORCH_CHECKPOINT(
+                replay,
+                *args,
+                use_reentrant=False,
+                preserve_rng_state=False,
+                context_fn=TORCH_NOOP_CONTEXT_FN if context_fn is None else context_fn,
+                determinism_check=determinism_check,
+                debug=debug,
+                **early_stop_kwargs,
+                **kwargs,
+            )
     finally:
-        wait_for_copies(list(frame.host_copies.values()), options.backend)
-    if outputs is _MISSING:
-        state.restore_rng()
-        raise CheckpointError(
-            "checkpointing: the forward context returned by context_fn suppressed an "
-            "exception raised by the checkpointed function, so there is no output to "
-            "return. Make that context manager let exceptions propagate."
-        )
-    return outputs
+        if offload is not None:
+            wait_for_copies(list(offload.copies), options.backend)

@@ -39,7 +39,7 @@ def _detached(value: Any) -> Any:
 class _ReentrantCheckpoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, function: Callable[..., Any], options: Options, *args: Any) -> Any:
-        state = ForwardState.capture(options.backend, options.preserve_rng_state)
+        state = ForwardState.capture(options.backend, options.preserve_rng_state, args)
         ctx.function = function
         ctx.options = options
         ctx.state = state

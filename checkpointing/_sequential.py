@@ -7,7 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from ._checkpoint import run_checkpoint
+from ._args import require_optional_bool, resolve_backend
+from ._checkpoint import run_checkpoint, warn_missing_use_reentrant
 
 __all__ = ["checkpoint_sequential"]
 
@@ -27,7 +28,7 @@ def checkpoint_sequential(
     functions: nn.Sequential | Sequence[Callable[..., Any]],
     segments: int,
     input: Any,
-    use_reentrant: bool | None = True,
+    use_reentrant: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``functions`` in order, checkpointing all segments but the last.
@@ -49,9 +50,11 @@ def checkpoint_sequential(
             functions, each taking one value and returning one.
         segments: How many segments to split ``functions`` into, from 1 to its length.
         input: The first function's input.
-        use_reentrant: Which checkpoint variant to use (``None`` means ``True``).
-        **kwargs: ``preserve_rng_state`` (default ``True``) and ``backend`` (default
-            :func:`accel.get_backend`), as for :func:`checkpoint`.
+        use_reentrant: Which checkpoint variant to use. ``None`` (the default) gives
+            the installed torch's warning and then the reentrant variant, as torch
+            does.
+        **kwargs: ``preserve_rng_state`` (default ``True``) and ``backend`` (a backend
+            or its name; default :func:`accel.get_backend`), as for :func:`checkpoint`.
 
     Returns:
         The last function's output.
@@ -60,8 +63,11 @@ def checkpoint_sequential(
         ValueError: For any other keyword argument (torch's wording), or a
             ``segments`` outside ``1..len(functions)``.
     """
+    require_optional_bool(use_reentrant, "use_reentrant")
+    if use_reentrant is None:
+        warn_missing_use_reentrant(sequential=True)
     preserve_rng_state = bool(kwargs.pop("preserve_rng_state", True))
-    backend = kwargs.pop("backend", None)
+    backend = resolve_backend(kwargs.pop("backend", None))
     if kwargs:
         raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
     if isinstance(functions, nn.Sequential):

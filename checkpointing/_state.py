@@ -12,8 +12,8 @@ Everything device-specific goes through the :class:`accel.Accelerator` protocol.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from torch import nn
 
 from accel import Accelerator
 
-__all__ = ["ForwardState", "Options", "is_recomputing", "recomputation"]
+__all__ = ["ForwardState", "Options", "is_recomputing", "recomputation", "rng_devices"]
 
 
 class _ThreadState(threading.local):
@@ -72,6 +72,22 @@ def _cpu_autocast_kwargs() -> dict[str, Any]:
     }
 
 
+def rng_devices(values: Iterable[Any], device_type: str) -> list[int] | None:
+    """Return the device indices of the ``device_type`` tensors in ``values``, sorted.
+
+    ``None`` when none of them names an index (no such tensor, or a device without
+    indices): the current device's generator is the one to capture then.
+    """
+    indices = {
+        value.device.index
+        for value in values
+        if isinstance(value, torch.Tensor)
+        and value.device.type == device_type
+        and value.device.index is not None
+    }
+    return sorted(indices) if indices else None
+
+
 @dataclass
 class ForwardState:
     """The state a checkpointed forward ran under, for the recomputation to replay.
@@ -82,25 +98,43 @@ class ForwardState:
         cpu_autocast: The host autocast state at forward time, or ``None`` when the
             backend computes on the host (its autocast state is then the host's).
         cpu_rng: The host generator state, or ``None`` without ``preserve_rng_state``.
-        device_rng: ``backend.get_rng_state()``, or ``None`` without
-            ``preserve_rng_state``.
+        device_rng: The device generator states, by device index (``None``: the
+            current device), or ``None`` without ``preserve_rng_state``. Like torch,
+            the forward captures the generator of every device its inputs live on, so
+            a recomputation running on another current device (each device's backward
+            runs on its own thread) replays the right one.
     """
 
     backend: Accelerator
     device_autocast: dict[str, Any]
     cpu_autocast: dict[str, Any] | None
     cpu_rng: torch.Tensor | None
-    device_rng: torch.Tensor | None
+    device_rng: dict[int | None, torch.Tensor] | None
 
     @classmethod
-    def capture(cls, backend: Accelerator, preserve_rng_state: bool) -> ForwardState:
-        """Read the autocast state and, if asked, both generator states, through ``backend``."""
+    def capture(
+        cls, backend: Accelerator, preserve_rng_state: bool, inputs: Iterable[Any] = ()
+    ) -> ForwardState:
+        """Read the autocast state and, if asked, the generator states, through ``backend``.
+
+        Args:
+            backend: The backend to read through.
+            preserve_rng_state: Whether to read the generator states.
+            inputs: The checkpointed function's arguments; the generators of the
+                devices their tensors live on are read (the current device's when
+                none of them is on an indexed device of ``backend``'s type).
+        """
         device_autocast = backend.autocast_kwargs()
         on_host = device_autocast.get("device_type", backend.device_type) == "cpu"
-        cpu_rng = device_rng = None
+        cpu_rng = None
+        device_rng: dict[int | None, torch.Tensor] | None = None
         if preserve_rng_state:
             cpu_rng = torch.get_rng_state()
-            device_rng = backend.get_rng_state()
+            devices = rng_devices(inputs, backend.device_type)
+            if devices is None:
+                device_rng = {None: backend.get_rng_state()}
+            else:
+                device_rng = {index: backend.get_rng_state(index) for index in devices}
         return cls(
             backend=backend,
             device_autocast=device_autocast,
@@ -114,16 +148,26 @@ class ForwardState:
         """Whether the generator states were captured."""
         return self.device_rng is not None
 
+    def fork_rng(self) -> AbstractContextManager[None]:
+        """Return ``backend.fork_rng`` over the captured devices."""
+        devices = [index for index in self.device_rng or {} if index is not None]
+        if not devices:
+            return self.backend.fork_rng()
+        return self.backend.fork_rng(devices=devices)
+
     def restore_rng(self) -> None:
-        """Set the host generator, then the device generator, to the captured states.
+        """Set the host generator, then each captured device generator, to its state.
 
         On a host backend both are the same generator and get the same state, so the
         result is exact either way.
         """
         if self.cpu_rng is not None:
             torch.set_rng_state(self.cpu_rng)
-        if self.device_rng is not None:
-            self.backend.set_rng_state(self.device_rng)
+        for index, state in (self.device_rng or {}).items():
+            if index is None:
+                self.backend.set_rng_state(state)
+            else:
+                self.backend.set_rng_state(state, index)
 
 
 def _autocast(kwargs: dict[str, Any]) -> Any:
@@ -152,7 +196,7 @@ def recomputation(state: ForwardState) -> Iterator[None]:
     backend.mark_step()
     with ExitStack() as stack:
         if state.preserves_rng:
-            stack.enter_context(backend.fork_rng())
+            stack.enter_context(state.fork_rng())
             state.restore_rng()
         stack.enter_context(torch.enable_grad())
         for kwargs in (state.device_autocast, state.cpu_autocast):

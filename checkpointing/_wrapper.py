@@ -17,6 +17,7 @@ from torch import nn
 import accel
 from accel import Accelerator
 
+from ._args import require_bool, resolve_backend
 from ._checkpoint import run_checkpoint
 
 __all__ = ["CheckpointWrapper", "apply_activation_checkpointing", "checkpoint_wrapper"]
@@ -88,7 +89,8 @@ class CheckpointWrapper(nn.Module):
             and backward (see :func:`checkpoint_wrapper`).
         use_reentrant: Which checkpoint variant to use.
         preserve_rng_state: Replay the generator states in recomputation.
-        backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend` at
+            each call.
     """
 
     def __init__(
@@ -98,14 +100,15 @@ class CheckpointWrapper(nn.Module):
         offload_to_cpu: bool = False,
         use_reentrant: bool = False,
         preserve_rng_state: bool = True,
-        backend: Accelerator | None = None,
+        backend: Accelerator | str | None = None,
     ) -> None:
+        _check_module(module)
         super().__init__()
         self._checkpoint_wrapped_module = module
-        self.offload_to_cpu = offload_to_cpu
-        self.use_reentrant = use_reentrant
-        self.preserve_rng_state = preserve_rng_state
-        self._backend_ref = _BackendRef(backend)
+        self.offload_to_cpu = require_bool(offload_to_cpu, "offload_to_cpu")
+        self.use_reentrant = require_bool(use_reentrant, "use_reentrant")
+        self.preserve_rng_state = require_bool(preserve_rng_state, "preserve_rng_state")
+        self._backend_ref = _BackendRef(resolve_backend(backend))
         self._register_state_dict_hook(_strip_prefix)
         self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
 
@@ -162,13 +165,22 @@ def _flatten_kwargs(
     return call, (*args, *kwargs.values())
 
 
+def _check_module(module: object) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"checkpointing: checkpoint_wrapper expects the torch.nn.Module to checkpoint, "
+            f"got {module!r} ({type(module).__name__}). Pass a module; to checkpoint a plain "
+            "function or callable, call checkpointing.checkpoint(function, *args) instead."
+        )
+
+
 def checkpoint_wrapper(
     module: nn.Module,
     offload_to_cpu: bool = False,
     *,
     use_reentrant: bool = False,
     preserve_rng_state: bool = True,
-    backend: Accelerator | None = None,
+    backend: Accelerator | str | None = None,
 ) -> CheckpointWrapper:
     """Wrap ``module`` so that its forward is checkpointed.
 
@@ -191,14 +203,18 @@ def checkpoint_wrapper(
             for the recomputation. Inputs already in host memory are not copied.
         use_reentrant: Use the reentrant variant (default ``False``).
         preserve_rng_state: Replay the generator states in recomputation.
-        backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend` at
+            each call.
 
     Returns:
         The wrapper, to put in ``module``'s place.
 
     Raises:
         ValueError: If ``module`` is already a :class:`CheckpointWrapper`.
+        TypeError: If ``module`` is not an :class:`torch.nn.Module`, a flag is not a
+            bool, or ``backend`` is neither a backend, a name nor ``None``.
     """
+    _check_module(module)
     if isinstance(module, CheckpointWrapper):
         raise ValueError(
             "checkpointing: this module is already a CheckpointWrapper; checkpointing it "
@@ -237,7 +253,7 @@ def apply_activation_checkpointing(
     offload_to_cpu: bool = False,
     use_reentrant: bool = False,
     preserve_rng_state: bool = True,
-    backend: Accelerator | None = None,
+    backend: Accelerator | str | None = None,
 ) -> list[str]:
     """Wrap, in place, every submodule of ``model`` for which ``check_fn`` is true.
 

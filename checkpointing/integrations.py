@@ -60,7 +60,7 @@ def enable_gradient_checkpointing(
     *,
     use_reentrant: bool = False,
     preserve_rng_state: bool = True,
-    backend: Accelerator | None = None,
+    backend: Accelerator | str | None = None,
     **kwargs: Any,
 ) -> None:
     """Turn on activation checkpointing in a transformers model, with our checkpoint.
@@ -89,7 +89,7 @@ def enable_gradient_checkpointing(
             ``enable_input_require_grads()``).
         preserve_rng_state: Replay the generator states in the recomputation, so
             dropout draws the same masks (default ``True``).
-        backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend` at each call.
         **kwargs: More keywords for :func:`checkpointing.checkpoint` (non-reentrant
             only: ``context_fn``, ``determinism_check``).
 

@@ -27,6 +27,10 @@ RULES: dict[str, str] = {
     "distributed": "communication_backend is a torch.distributed backend after preparation",
     "dtypes": "is_bf16_supported()/is_fp16_supported() are booleans that hold",
     "checkpoint-dropout": "dropout inside a checkpoint gives the plain run's gradients",
+    "checkpoint-compile": "under torch.compile the checkpoint gives torch's checkpoint's results",
+    "checkpoint-vmap": "torch.func.vmap over the non-reentrant checkpoint gives the plain values",
+    "rng-devices": "get_rng_state/set_rng_state/fork_rng address each device index",
+    "compile-backend": "compile_backend names a torch.compile backend that compiles on the device",
 }
 
 

@@ -10,12 +10,14 @@ inputs with the same generator state, and each parameter receives its gradient o
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
-from accel import Accelerator
+from accel import Accelerator, _compat
 from accel.conformance import rule
 from checkpointing import checkpoint
 
@@ -67,3 +69,67 @@ def test_dropout_in_checkpoint_matches_plain_run(
     assert len(grads) == len(plain_grads) and all(
         torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True)
     ), rule("checkpoint-dropout", f"{mode}: the parameter gradients differ from the plain run's")
+
+
+def _compiled_step(
+    backend: Accelerator, run: Any, compile_backend: str, reentrant: bool
+) -> tuple[torch.Tensor, ...]:
+    model = _model(backend).train()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1)).to(backend.device())
+    x.requires_grad_()
+    torch._dynamo.reset()
+    step = torch.compile(
+        lambda v: run(model, v, use_reentrant=reentrant).sum(),
+        backend=compile_backend,
+        fullgraph=True,
+    )
+    torch.manual_seed(SEED)
+    backend.manual_seed(SEED)
+    try:
+        step(x).backward()
+    finally:
+        torch._dynamo.reset()
+        # inductor's CPU kernels (-ffast-math) turn on flush-to-zero for the whole process
+        # on torch 2.4; later checks must not run with it.
+        torch.set_flush_denormal(False)
+    assert x.grad is not None
+    grads = [p.grad.detach().cpu() for p in model.parameters() if p.grad is not None]
+    return (x.grad.detach().cpu(), *grads)
+
+
+@pytest.mark.accel_requires("tensors")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+@pytest.mark.parametrize("compile_with", ["aot_eager", "device"])
+def test_compiled_checkpoint_matches_torchs(
+    accel_backend: Accelerator, use_reentrant: bool, compile_with: str
+) -> None:
+    compile_backend = accel_backend.compile_backend if compile_with == "device" else compile_with
+    theirs = _compiled_step(
+        accel_backend, torch.utils.checkpoint.checkpoint, compile_backend, use_reentrant
+    )
+    ours = _compiled_step(accel_backend, checkpoint, compile_backend, use_reentrant)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)), rule(
+        "checkpoint-compile",
+        f"with backend={compile_backend!r}, compiled gradients differ from those of torch's "
+        "own checkpoint compiled the same way",
+    )
+
+
+@pytest.mark.accel_requires("tensors")
+def test_vmap_over_checkpoint(accel_backend: Accelerator) -> None:
+    if not _compat.checkpoint_supports_vmap():
+        pytest.skip(f"torch {torch.__version__}'s own checkpoint does not support vmap")
+    weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(3)).to(
+        accel_backend.device()
+    )
+
+    def fn(v: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(v @ weight).sum()
+
+    xs = torch.randn(4, 8, generator=torch.Generator().manual_seed(4)).to(accel_backend.device())
+    got = torch.func.vmap(lambda v: checkpoint(fn, v, use_reentrant=False))(xs)
+    assert torch.equal(got.cpu(), torch.func.vmap(fn)(xs).cpu()), rule(
+        "checkpoint-vmap", "vmap over the checkpoint gave other values than vmap over the function"
+    )

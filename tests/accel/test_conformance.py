@@ -147,7 +147,9 @@ def test_broken_backend_fails_exactly_the_fork_rng_rule(
     failed = _lines(result, "FAILED")
     assert len(failed) == outcomes["failed"] >= 1, (failed, outcomes)
     assert all(
-        re.fullmatch(r"test_rng\.py::test_fork_rng_\w+\[fakenorestore\]", test_id)
+        re.fullmatch(
+            r"test_(rng|devices_and_compile)\.py::test_fork_rng_\w+\[fakenorestore\]", test_id
+        )
         for test_id in failed
     ), failed
     assert set(_RULE.findall(output)) == {"fork-rng"}

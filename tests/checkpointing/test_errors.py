@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-import accel
 from accel import Accelerator
 from checkpointing import (
     CheckpointError,
@@ -77,7 +76,10 @@ def test_reentrant_unexpected_keyword_arguments() -> None:
 
 def test_reentrant_is_the_default_and_none_means_reentrant() -> None:
     for kwargs in ({}, {"use_reentrant": None}):
-        with pytest.raises(ValueError, match="Unexpected keyword arguments: scale"):
+        with (
+            pytest.warns(UserWarning, match="use_reentrant parameter should be passed explicitly"),
+            pytest.raises(ValueError, match="Unexpected keyword arguments: scale"),
+        ):
             checkpoint(torch.mul, torch.ones(2), scale=2.0, **kwargs)
 
 
@@ -85,10 +87,12 @@ def test_reentrant_is_the_default_and_none_means_reentrant() -> None:
     "option", [{"context_fn": lambda: (None, None)}, {"debug": True}], ids=["context_fn", "debug"]
 )
 def test_reentrant_rejects_non_reentrant_options(option: dict[str, object]) -> None:
-    with pytest.raises(
-        ValueError, match=r"Passing `context_fn` or `debug` is only supported when use_reentrant"
-    ):
-        checkpoint(torch.sin, torch.ones(2, requires_grad=True), use_reentrant=True, **option)
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(ValueError) as theirs:
+        torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=True, **option)
+    with pytest.raises(ValueError, match=r"^Passing `context_fn`.* is only supported when") as ours:
+        checkpoint(torch.sin, x, use_reentrant=True, **option)
+    assert str(ours.value) == str(theirs.value)  # the installed torch's wording
 
 
 def test_reentrant_accepts_torch_default_context_fn() -> None:
@@ -98,11 +102,6 @@ def test_reentrant_accepts_torch_default_context_fn() -> None:
     )
     out.sum().backward()
     assert torch.equal(x.grad, torch.cos(x.detach()))
-
-
-def test_non_reentrant_debug_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"^checkpointing: debug=True .* Remove debug=True\.$"):
-        checkpoint(torch.sin, torch.ones(2, requires_grad=True), use_reentrant=False, debug=True)
 
 
 def test_unknown_determinism_check() -> None:
@@ -130,13 +129,15 @@ def test_non_reentrant_does_not_warn_without_grad_inputs() -> None:
 
 def test_checkpoint_sequential_unexpected_keyword_arguments() -> None:
     with pytest.raises(ValueError, match=r"^Unexpected keyword arguments: context_fn$"):
-        checkpoint_sequential([torch.sin], 1, torch.ones(2), context_fn=None)
+        checkpoint_sequential([torch.sin], 1, torch.ones(2), use_reentrant=True, context_fn=None)
 
 
 @pytest.mark.parametrize("segments", [0, 4, 1.5])
 def test_checkpoint_sequential_bad_segments(segments: object) -> None:
     with pytest.raises(ValueError, match=r"^checkpointing: segments must be"):
-        checkpoint_sequential([torch.sin, torch.cos, torch.tanh], segments, torch.ones(2))  # type: ignore[arg-type]
+        checkpoint_sequential(
+            [torch.sin, torch.cos, torch.tanh], segments, torch.ones(2), use_reentrant=True
+        )  # type: ignore[arg-type]
 
 
 def test_wrapping_twice_is_refused() -> None:
@@ -150,48 +151,6 @@ def test_wrapping_twice_is_refused() -> None:
 # Non-reentrant recomputation mismatches ---------------------------------------------------
 
 
-def test_recomputation_saving_more_tensors() -> None:
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        y = x.exp()
-        return y.exp() if is_recomputing() else y
-
-    out = checkpoint(fn, torch.randn(3, requires_grad=True), use_reentrant=False)
-    with pytest.raises(CheckpointError) as info:
-        out.sum().backward()
-    message = str(info.value)
-    assert message.startswith("checkpointing: recomputing ")
-    assert "saved 2 tensors, but its forward saved 1" in message
-    assert "preserve_rng_state=True" in message and "deterministic" in message
-    assert isinstance(info.value, RuntimeError) and isinstance(info.value, accel.AccelError)
-
-
-def test_recomputation_saving_fewer_tensors() -> None:
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        return x * 2 if is_recomputing() else x.exp().exp()
-
-    out = checkpoint(fn, torch.randn(3, requires_grad=True), use_reentrant=False)
-    with pytest.raises(CheckpointError, match=r"saved 0 tensors, but its forward saved 2"):
-        out.sum().backward()
-
-
-@pytest.mark.parametrize(
-    ("changed", "expected"),
-    [("shape", r"shape \(2,\).* but had shape \(3,\)"), ("dtype", r"dtype torch\.float64")],
-    ids=["shape", "dtype"],
-)
-def test_recomputation_with_other_metadata(changed: str, expected: str) -> None:
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        if is_recomputing():
-            x = x[:2] if changed == "shape" else x.double()
-        return x.exp().sum()
-
-    out = checkpoint(fn, torch.randn(3, requires_grad=True), use_reentrant=False)
-    with pytest.raises(CheckpointError, match=r"^checkpointing: .*gave different tensors") as info:
-        out.backward()
-    assert info.match(expected)
-    assert "saved tensor #0" in str(info.value)
-
-
 def test_determinism_check_none_skips_the_check() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         y = x.exp()
@@ -202,19 +161,6 @@ def test_determinism_check_none_skips_the_check() -> None:
     x = torch.randn(3, requires_grad=True)
     checkpoint(fn, x, use_reentrant=False, determinism_check="none").sum().backward()
     assert torch.equal(x.grad, x.detach().exp())
-
-
-def test_missing_tensor_is_reported_even_without_the_check() -> None:
-    def fn(x: torch.Tensor) -> torch.Tensor:
-        return x * 2 if is_recomputing() else x.exp().exp()
-
-    out = checkpoint(
-        fn, torch.randn(3, requires_grad=True), use_reentrant=False, determinism_check="none"
-    )
-    with pytest.raises(
-        CheckpointError, match=r"^checkpointing: .* saved fewer tensors than its forward"
-    ):
-        out.sum().backward()
 
 
 def test_randomness_without_rng_replay_is_detected() -> None:
@@ -287,7 +233,8 @@ def test_exception_in_recomputation_leaves_caller_state(
     model = _FailsOnRecompute().to(device)
     x = torch.randn(8, 4, device=device, requires_grad=True)
     with torch.autocast(accel_backend.device_type, dtype=torch.bfloat16):
-        out = checkpoint(model, x, use_reentrant=reentrant, backend=accel_backend)
+        # early_stop=False: the failure comes after the last saved tensor.
+        out = checkpoint(model, x, use_reentrant=reentrant, backend=accel_backend, early_stop=False)
     params = [p.detach().clone() for p in model.parameters()]
     buffers = {name: (b, b.clone()) for name, b in model.named_buffers()}
     torch.manual_seed(99)

@@ -18,7 +18,7 @@ from checkpointing import (
     checkpoint,
     checkpoint_wrapper,
 )
-from checkpointing._non_reentrant import _Frame, _Holder
+from checkpointing._non_reentrant import _Replay
 from checkpointing._offload import HostCopy
 from checkpointing._state import ForwardState
 
@@ -26,7 +26,7 @@ from checkpointing._state import ForwardState
 pytestmark = pytest.mark.accel_requires("tensors")
 
 MODES = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reentrant")]
-TRACKED = (_Frame, _Holder, ForwardState, HostCopy)
+TRACKED = (_Replay, ForwardState, HostCopy)
 
 
 def _live() -> dict[str, int]:
@@ -103,7 +103,7 @@ def test_retained_graph_is_freed_with_its_output() -> None:
         out = checkpoint(layer, torch.randn(2, 5, 16, requires_grad=True), use_reentrant=False)
         loss = out.sum()
         loss.backward(retain_graph=True)
-        assert _live()["_Frame"] == before["_Frame"] + 1
+        assert _live()["_Replay"] == before["_Replay"] + 1
         del out, loss
         assert _live() == before
 

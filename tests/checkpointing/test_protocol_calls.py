@@ -97,7 +97,9 @@ def test_restored_state_is_the_forward_state(reentrant: bool) -> None:
 def test_no_protocol_calls_inside_no_grad() -> None:
     backend = RecordingBackend()
     with torch.no_grad():
-        checkpoint(_marked_function(backend), torch.randn(4, 8), backend=backend)
+        checkpoint(
+            _marked_function(backend), torch.randn(4, 8), use_reentrant=True, backend=backend
+        )
         checkpoint(
             _marked_function(backend), torch.randn(4, 8), use_reentrant=False, backend=backend
         )

@@ -10,7 +10,7 @@ from accel import Availability, BackendSpec, hookimpl
 class NoRestoreBackend(CpuBackend):
     name = "fakenorestore"
 
-    def fork_rng(self, enabled=True):
+    def fork_rng(self, enabled=True, devices=None):
         return nullcontext()
 
 

@@ -1,0 +1,67 @@
+"""Per-device generators and the backend's torch.compile backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accel import Accelerator, DeviceIndexError
+from accel.conformance import rule
+
+
+def test_rng_state_by_index(accel_backend: Accelerator) -> None:
+    count = accel_backend.device_count()
+    if count < 1:
+        pytest.skip("the backend sees no device")
+    for index in range(count):
+        state = accel_backend.get_rng_state(index)
+        assert isinstance(state, torch.Tensor) and state.dtype == torch.uint8, rule(
+            "rng-devices", f"get_rng_state({index}) returned {type(state).__name__}"
+        )
+        accel_backend.set_rng_state(state, index)
+        assert torch.equal(accel_backend.get_rng_state(index), state), rule(
+            "rng-devices", f"set_rng_state(state, {index}) did not restore device {index}"
+        )
+    with pytest.raises(DeviceIndexError):
+        accel_backend.get_rng_state(count)
+
+
+def test_fork_rng_over_devices(accel_backend: Accelerator) -> None:
+    devices = list(range(accel_backend.device_count()))
+    if not devices:
+        pytest.skip("the backend sees no device")
+    before = [accel_backend.get_rng_state(index) for index in devices]
+    with accel_backend.fork_rng(devices=devices):
+        accel_backend.manual_seed(12345)
+        for index in devices:
+            accel_backend.set_rng_state(accel_backend.get_rng_state(), index)
+    for index in devices:
+        assert torch.equal(accel_backend.get_rng_state(index), before[index]), rule(
+            "fork-rng", f"fork_rng(devices={devices}) did not restore device {index}"
+        )
+
+
+def test_compile_backend_is_known_to_torch(accel_backend: Accelerator) -> None:
+    name = accel_backend.compile_backend
+    assert isinstance(name, str) and name, rule("compile-backend", f"got {name!r}")
+    known = torch._dynamo.list_backends(exclude_tags=())
+    assert name in known, rule(
+        "compile-backend", f"{name!r} is not a registered torch.compile backend ({known})"
+    )
+
+
+@pytest.mark.accel_requires("tensors")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::RuntimeWarning")
+def test_compile_backend_compiles(accel_backend: Accelerator) -> None:
+    linear = torch.nn.Linear(8, 8).to(accel_backend.device())
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).to(accel_backend.device())
+    torch._dynamo.reset()
+    compiled = torch.compile(linear, backend=accel_backend.compile_backend)
+    try:
+        out = compiled(x).cpu()
+    finally:
+        torch._dynamo.reset()
+        torch.set_flush_denormal(False)  # see test_checkpoint.py: torch 2.4's inductor
+    assert torch.allclose(out, linear(x).cpu(), atol=1e-5), rule(
+        "compile-backend", "the compiled module's output differs from the eager one"
+    )
