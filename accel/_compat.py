@@ -4,7 +4,6 @@ Each entry names the release that changed what it papers over. Code elsewhere im
 from here instead of comparing version numbers, so an old release can be dropped by
 deleting its entry. This module imports torch: only modules that already need torch
 import it (``import accel`` does not).
-
 """
 
 from __future__ import annotations
