@@ -120,6 +120,9 @@ class _Knapsack:
             for name in profile.modules
             if _is_candidate(profile, name)
         }
+        targets = torch.arange(self.size + 1)
+        # rest[s, a]: what the next child must save when the others save a, for s in all.
+        self.rest = (targets.unsqueeze(1) - targets.unsqueeze(0)).clamp(min=0)
         self.choice: dict[str, torch.Tensor] = {}
         self.splits: dict[str, list[torch.Tensor]] = {}
 
@@ -128,15 +131,12 @@ class _Knapsack:
         best = torch.full((size + 1,), math.inf, dtype=torch.float64)
         best[0] = 0.0
         splits = []
-        target = torch.arange(size + 1).unsqueeze(1)
-        share = torch.arange(size + 1).unsqueeze(0)
-        rest = (target - share).clamp(min=0)
         for child in self.profile.modules[name].children:
             table = self._solve(child)
             if math.isinf(float(table[1])):  # the child saves nothing: skip the merge
                 splits.append(torch.full((size + 1,), -1, dtype=torch.long))
                 continue
-            merged, split = (best.unsqueeze(0) + table[rest]).min(dim=1)
+            merged, split = (best.unsqueeze(0) + table[self.rest]).min(dim=1)
             best = merged
             splits.append(split)
         self.splits[name] = splits
