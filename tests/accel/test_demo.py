@@ -91,6 +91,6 @@ def test_children_silence_only_the_numpy_warning() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         quiet_child()
-        warnings.warn("Failed to initialize NumPy: _ARRAY_API not found", UserWarning)
-        warnings.warn("something else", UserWarning)
+        warnings.warn("Failed to initialize NumPy: _ARRAY_API not found", UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["something else"]
