@@ -226,3 +226,27 @@ def test_plan_for_another_model_is_refused() -> None:
     plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5)
     with pytest.raises(ValueError, match=r"which the model does not have"):
         plan.apply(nn.Sequential(nn.Linear(2, 2)))
+
+
+class _AsynchronousRecording(RecordingBackend):
+    is_asynchronous = True
+
+
+class _LazyRecording(RecordingBackend):
+    is_lazy = True
+
+
+def test_asynchronous_backends_are_synchronized_around_each_operator() -> None:
+    synchronous, asynchronous = RecordingBackend(), _AsynchronousRecording()
+    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=synchronous)
+    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=asynchronous)
+    assert synchronous.count("synchronize") < 10 < 100 < asynchronous.count("synchronize")
+
+
+def test_lazy_backends_flush_the_graph_at_module_boundaries() -> None:
+    eager, lazy = RecordingBackend(), _LazyRecording()
+    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=lazy)
+    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=eager)
+    called = 1 + 1 + 4 * 8 + 1  # Net, embed, 4 x (block, norm, attention, mlp + 4), head
+    assert eager.count("mark_step") < 10 < 2 * called <= lazy.count("mark_step")
+    assert plan.estimated_bytes <= plan.budget_bytes
