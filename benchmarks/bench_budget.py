@@ -14,9 +14,10 @@ and, when transformers is installed, a GPT-2-shaped model built from transformer
   addmm, bmm, baddbmm), recompute the rest" (torch 2.5 and later).
 
 Measures:
-* activation bytes: the bytes of the tensors the forward (and loss) created that are
-  still alive at its end, parameters excluded (``LiveActivationMeter``: autograd's
-  saved tensors and what a selective policy keeps outside autograd); on a backend with
+* activation bytes: the bytes of the tensors the model's forward created that are
+  still alive at its end, its output and parameters excluded (``LiveActivationMeter``:
+  autograd's saved tensors and what a selective policy keeps outside autograd; the
+  planner's own measure); on a backend with
   memory statistics also the device's peak allocation of a step above what was
   allocated before it;
 * step time: median over ``--steps`` rounds after ``--warmup``; each round runs one
@@ -117,7 +118,14 @@ class Case:
             from transformers import GPT2Config, GPT2LMHeadModel
 
             gpt = GPT2Config(
-                n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=2048, use_cache=False
+                n_layer=4,
+                n_embd=256,
+                n_head=4,
+                n_positions=128,
+                vocab_size=2048,
+                bos_token_id=0,
+                eos_token_id=0,
+                use_cache=False,
             )
             self.model = GPT2LMHeadModel(gpt)
             self.blocks = self.model.transformer.h
@@ -127,7 +135,9 @@ class Case:
         self.model.to(device).train()
 
     def loss(self, model: nn.Module) -> torch.Tensor:
-        out = model(*self.inputs)
+        return self.loss_of(model(*self.inputs))
+
+    def loss_of(self, out: Any) -> torch.Tensor:
         if self.name == "stack":
             return nn.functional.mse_loss(out, self.target)
         logits = out.logits
@@ -165,9 +175,12 @@ class Case:
 
 
 def live_bytes(case: Case, model: nn.Module) -> int:
+    """What the model's forward holds for backward: live tensors it created, output aside."""
     with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
-        loss = case.loss(model)
-    held = meter.bytes
+        out = model(*case.inputs)
+    outputs = out if isinstance(out, torch.Tensor) else out.logits
+    held = meter.bytes - outputs.untyped_storage().nbytes()
+    loss = case.loss_of(out)
     loss.backward()
     model.zero_grad(set_to_none=True)
     return held
