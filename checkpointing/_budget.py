@@ -312,5 +312,6 @@ def plan_checkpointing(
         budget_bytes=budget,
         step_seconds=profile.step_time,
         device_bytes=profile.device_bytes,
+        device_peak_bytes=profile.device_peak_bytes,
         note=note,
     )

@@ -86,6 +86,8 @@ class CheckpointPlan:
         estimated_step_time_ratio: Expected step time over the plain step time.
         budget_bytes: The budget the plan was made for, in bytes.
         step_seconds: The measured plain step time.
+        device_peak_bytes: The device's peak allocation during the profiled forward
+            (``max_memory_allocated``), above what was allocated before it, or ``None``.
         device_bytes: Memory the device held after the profiled forward (the device's
             own statistics), or ``None`` where the backend keeps none.
         note: Why a grain was unavailable, or empty.
@@ -99,6 +101,7 @@ class CheckpointPlan:
     budget_bytes: int
     step_seconds: float
     device_bytes: int | None = None
+    device_peak_bytes: int | None = None
     note: str = ""
 
     def apply(
@@ -173,7 +176,11 @@ class CheckpointPlan:
             f"{self.estimated_step_time_ratio:.2f}x the plain {self.step_seconds * 1e3:.1f} ms"
         )
         if self.device_bytes is not None:
-            rendered.append(f"device memory after the plain forward: {_mib(self.device_bytes)}")
+            peak = _mib(self.device_peak_bytes or 0)
+            rendered.append(
+                f"device memory, plain forward (the device's statistics): held at its end "
+                f"{_mib(self.device_bytes)} (activations and output), peak {peak}"
+            )
         if self.note:
             rendered.append(self.note)
         return "\n".join(rendered)

@@ -61,6 +61,7 @@ class StepProfile:
     step_time: float
     forward_time: float
     device_bytes: int | None
+    device_peak_bytes: int | None = None
 
     @property
     def plain_bytes(self) -> int:
@@ -252,7 +253,11 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
     with _untouched(model, backend):
         _backward(_call(model, example_inputs))  # warm-up: first-call costs are not kept
         model.zero_grad(set_to_none=True)
-        device_start = backend.memory_allocated() if backend.supports_memory_stats else 0
+        device_start = 0
+        if backend.supports_memory_stats:
+            backend.synchronize()
+            device_start = backend.memory_allocated()
+            backend.reset_peak_memory_stats()
         with ExitStack() as stack:
             for module in model.modules():
                 stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
@@ -261,10 +266,11 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
             output = _call(model, example_inputs)
         backend.mark_step()
-        device_bytes = None
+        device_bytes = device_peak = None
         if backend.supports_memory_stats:
             backend.synchronize()
             device_bytes = backend.memory_allocated() - device_start
+            device_peak = backend.max_memory_allocated() - device_start
         _backward(output)
         del output
         model.zero_grad(set_to_none=True)
@@ -289,4 +295,5 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         step_time=step_time,
         forward_time=forward_time,
         device_bytes=device_bytes,
+        device_peak_bytes=device_peak,
     )
