@@ -81,7 +81,7 @@ def draw(results: Sequence[RunResult], path: str) -> None:
     peak_axis.bar_label(act_bars, labels=[f"{a:.1f}" for a in activations], padding=3)
     peak_axis.bar_label(rss_bars, labels=[f"{r:.0f}" for r in rss], padding=3)
     peak_axis.set_yticks(list(positions), names)
-    peak_axis.set(title="Memory per run: activations (solid), peak RSS (hatched)", xlabel="MiB")
+    peak_axis.set(title="Memory per run\n(solid: activations; hatched: peak RSS)", xlabel="MiB")
     peak_axis.set_xlim(0, max(rss + activations) * 1.2)
     for axis in (time_axis, peak_axis):
         axis.invert_yaxis()
