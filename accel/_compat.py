@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.utils.checkpoint
 
-__all__ = ["selective_checkpoint_api"]
+__all__ = ["keep_selective_cache_outside_hooks", "selective_checkpoint_api"]
 
 
 def selective_checkpoint_api() -> tuple[Any, Any] | str:
@@ -32,3 +32,15 @@ def selective_checkpoint_api() -> tuple[Any, Any] | str:
             "2.5 or later for operator-grain checkpointing"
         )
     return create, policy
+
+
+def keep_selective_cache_outside_hooks(forward_context: Any) -> None:
+    """Keep the outputs a selective checkpoint caches out of saved-tensor hooks.
+
+    torch 2.15 lets the caching mode route what it keeps through the saved-tensor hooks
+    in scope (``respect_saved_tensors_hooks``; unset, it warns that this will become
+    the default). A checkpoint that is itself built on those hooks must keep the
+    earlier behaviour, where the cache bypasses them; older releases always did.
+    """
+    if hasattr(forward_context, "respect_saved_tensors_hooks"):
+        forward_context.respect_saved_tensors_hooks = False

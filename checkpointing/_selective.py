@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from accel._compat import selective_checkpoint_api
+from accel._compat import keep_selective_cache_outside_hooks, selective_checkpoint_api
 
 from ._non_reentrant import ContextFn
 
@@ -75,7 +75,11 @@ def selective_context_fn() -> ContextFn:
         return policy.MUST_SAVE if func in SAVED_OPERATORS else policy.PREFER_RECOMPUTE
 
     def context_fn() -> Any:
-        return create(choose)
+        forward, recompute = create(choose)
+        # Our checkpoint keeps its activations through saved-tensor hooks; the cache
+        # must stay outside them, or its kept outputs would be dropped like the rest.
+        keep_selective_cache_outside_hooks(forward)
+        return forward, recompute
 
     result: Callable[[], Any] = context_fn
     return result

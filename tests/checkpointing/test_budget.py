@@ -263,3 +263,15 @@ def test_devices_with_memory_statistics_are_cross_checked() -> None:
     assert plan.device_bytes == plan.device_peak_bytes == 0  # the host reports 0
     assert "device memory, plain forward (the device's statistics)" in str(plan)
     assert "device memory" not in str(plan_checkpointing(_model(), (_inputs(),), 0.5))
+
+
+def test_selective_cache_stays_outside_saved_tensor_hooks() -> None:
+    from types import SimpleNamespace
+
+    from accel._compat import keep_selective_cache_outside_hooks
+
+    newer = SimpleNamespace(respect_saved_tensors_hooks=None)  # torch 2.15's caching mode
+    older = SimpleNamespace()
+    keep_selective_cache_outside_hooks(newer)
+    keep_selective_cache_outside_hooks(older)
+    assert newer.respect_saved_tensors_hooks is False and vars(older) == {}
