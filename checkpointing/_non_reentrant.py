@@ -122,7 +122,9 @@ class _Frame:
         self.saver: Any = None
         if saved:
             dummy = torch.empty((0,), requires_grad=True)
-            self.saver = _SaveInputs.apply(dummy, *saved).grad_fn
+            # The output is kept too: torch 2.4 frees a node's saved tensors with it.
+            self.saver_output = _SaveInputs.apply(dummy, *saved)
+            self.saver = self.saver_output.grad_fn
         self.holders: list[weakref.ReferenceType[_Holder]] = []
         self.metadata: list[_Metadata] = []
 

@@ -275,3 +275,11 @@ def test_selective_cache_stays_outside_saved_tensor_hooks() -> None:
     keep_selective_cache_outside_hooks(newer)
     keep_selective_cache_outside_hooks(older)
     assert newer.respect_saved_tensors_hooks is False and vars(older) == {}
+
+
+def test_non_reentrant_inputs_survive_until_backward() -> None:
+    # torch 2.4 freed the saved inputs once the saving node's output was dropped.
+    layer = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+    x = torch.randn(2, 4, requires_grad=True)
+    checkpointing.checkpoint(layer, x, use_reentrant=False).sum().backward()
+    assert x.grad is not None
