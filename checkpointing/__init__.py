@@ -20,6 +20,9 @@ Public names:
 * :func:`checkpoint_wrapper` and :func:`apply_activation_checkpointing`: checkpoint
   submodules in place, optionally keeping their inputs in host memory
   (``offload_to_cpu``);
+* :func:`plan_checkpointing` and :class:`CheckpointPlan`: the fastest checkpointing
+  that fits a memory budget (also ``apply_activation_checkpointing(model,
+  memory_budget=0.5, example_inputs=(x,))``);
 * :func:`is_recomputing`: whether this thread is re-running a checkpointed function;
 * :class:`CheckpointError`: a recomputation that does not match its forward (torch's
   ``torch.utils.checkpoint.CheckpointError``, re-exported);
@@ -32,9 +35,11 @@ from __future__ import annotations
 
 import torch.utils.checkpoint
 
+from ._budget import plan_checkpointing
 from ._checkpoint import checkpoint
 from ._errors import CheckpointError
 from ._measure import SavedTensorMeter
+from ._plan import CheckpointPlan
 from ._sequential import checkpoint_sequential
 from ._state import is_recomputing
 from ._wrapper import CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper
@@ -45,6 +50,7 @@ set_checkpoint_early_stop = torch.utils.checkpoint.set_checkpoint_early_stop
 
 __all__ = [
     "CheckpointError",
+    "CheckpointPlan",
     "CheckpointWrapper",
     "SavedTensorMeter",
     "apply_activation_checkpointing",
@@ -52,6 +58,7 @@ __all__ = [
     "checkpoint_sequential",
     "checkpoint_wrapper",
     "is_recomputing",
+    "plan_checkpointing",
     "set_checkpoint_debug_enabled",
     "set_checkpoint_early_stop",
 ]

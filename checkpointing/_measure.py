@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from types import TracebackType
+from typing import Any
 
 import torch
 
-__all__ = ["SavedTensorMeter"]
+__all__ = ["LiveActivationMeter", "SavedTensorMeter"]
 
 
 class SavedTensorMeter:
@@ -57,3 +58,50 @@ class SavedTensorMeter:
         traceback: TracebackType | None,
     ) -> None:
         self._hooks.__exit__(exc_type, exc, traceback)
+
+
+class LiveActivationMeter:
+    """Bytes of the storages created inside the context that are still alive.
+
+    Read after a forward, this is the activation memory the step holds until backward,
+    whoever holds it: autograd's saved tensors, a selective checkpoint's cache of kept
+    operator outputs, the output itself. Used by the budget benchmark and tests, where
+    :class:`SavedTensorMeter` would miss what a selective policy keeps outside autograd.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        excluded = {tensor.untyped_storage().data_ptr() for tensor in exclude}
+        created: list[tuple[Any, int]] = []
+        self._created = created
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(
+                self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+            ) -> Any:
+                out = func(*args, **(kwargs or {}))
+                leaves, _ = torch.utils._pytree.tree_flatten(out)
+                for leaf in leaves:
+                    if isinstance(leaf, torch.Tensor):
+                        storage = leaf.untyped_storage()
+                        if storage.data_ptr() not in excluded:
+                            created.append((StorageWeakRef(storage), storage.nbytes()))
+                return out
+
+        self._mode = _Mode()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the distinct storages created in the context and still alive."""
+        alive = {ref.cdata: size for ref, size in self._created if not ref.expired()}
+        return sum(alive.values())
+
+    def __enter__(self) -> LiveActivationMeter:
+        self._created.clear()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._mode.__exit__(*exc_info)

@@ -1,0 +1,319 @@
+"""``plan_checkpointing``: the fastest checkpointing that fits a memory budget.
+
+From one profiled step (:mod:`._profile`), every module that runs once per step and
+has submodules is a candidate at two grains: the whole module (keep only its inputs),
+or its cheap operators (keep its inputs and its matmul and attention outputs,
+recompute pointwise activations, dropout and normalisation). Each choice saves some
+activation bytes and costs some recompute time; :func:`_choose` picks the set that
+saves enough for the budget in the least time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import accel
+from accel import Accelerator
+
+from ._args import resolve_backend
+from ._plan import FULL, KEEP, SELECTIVE, CheckpointPlan, PlanRow
+from ._profile import StepProfile, profile_step
+from ._selective import unavailable_reason
+
+__all__ = ["plan_checkpointing", "validate_budget"]
+
+_BUCKETS = 1000
+
+
+@dataclass(frozen=True)
+class _Option:
+    decision: str
+    saved_bytes: int  # activation bytes removed (negative: added)
+    seconds: float
+    kept: frozenset[int]
+
+
+def validate_budget(memory_budget: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``memory_budget`` is a valid budget."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int | float):
+        raise TypeError(
+            "checkpointing: memory_budget must be a float fraction of the plain model's "
+            "activation memory (0 < b <= 1) or an int number of bytes, not "
+            f"{type(memory_budget).__name__} {memory_budget!r}."
+        )
+    if isinstance(memory_budget, float) and not 0.0 < memory_budget <= 1.0:
+        raise ValueError(
+            f"checkpointing: memory_budget={memory_budget!r} is out of range: a float is a "
+            "fraction of the plain model's activation memory, 0 < b <= 1 (1.0 changes "
+            "nothing). Pass, for example, 0.5; or an int for a number of bytes."
+        )
+    if isinstance(memory_budget, int) and memory_budget <= 0:
+        raise ValueError(
+            f"checkpointing: memory_budget={memory_budget} bytes is out of range: an int "
+            "budget is a positive number of bytes of activation memory. Pass a positive "
+            "int, or a float fraction 0 < b <= 1."
+        )
+
+
+def _bytes(profile: StepProfile, indices: Iterable[int]) -> int:
+    return sum(profile.storage_bytes[index] for index in set(indices))
+
+
+def _estimate(profile: StepProfile, chosen: dict[str, _Option]) -> int:
+    """Activation bytes with ``chosen`` applied: union of what stays saved and kept."""
+    kept: set[int] = set()
+    for index, stacks in profile.saved_by.items():
+        if not all(chosen.keys() & set(stack) for stack in stacks):
+            kept.add(index)
+    for option in chosen.values():
+        kept |= option.kept
+    return _bytes(profile, kept)
+
+
+def _options(profile: StepProfile, name: str, selective: bool) -> list[_Option]:
+    """The ways to checkpoint module ``name``, with their exclusive savings."""
+    record = profile.modules[name]
+    owned = {
+        index
+        for index, stacks in profile.saved_by.items()
+        if all(name in stack for stack in stacks)
+    }
+    grains = [(FULL, frozenset(record.inputs), record.forward_time)]
+    if selective:
+        grains.append((SELECTIVE, frozenset(record.inputs | record.cached), record.recomputed_time))
+    options = []
+    for decision, kept, seconds in grains:
+        saved = _bytes(profile, owned - kept) - _bytes(profile, kept - profile.saved_by.keys())
+        options.append(_Option(decision, saved, seconds, kept))
+    return options
+
+
+def _is_candidate(profile: StepProfile, name: str) -> bool:
+    record = profile.modules[name]
+    return bool(name) and record.calls == 1 and bool(record.children) and not record.repeated_input
+
+
+class _Knapsack:
+    """Tree-shaped multiple-choice knapsack over the module tree.
+
+    Minimises the total recompute time subject to the total saved bytes reaching
+    ``need``, choosing at most one grain per module and never a module inside a
+    chosen one. Savings are rounded down to ``_BUCKETS`` units of ``need`` (so the
+    choice never saves less than estimated), and each module keeps a table
+    ``best[s]``: the least time for its subtree to save at least ``s`` units. Children
+    are merged by min-plus convolution, so the cost is O(M * B^2) time and O(M * B)
+    memory for M modules and B = ``_BUCKETS`` (B^2 = 10^6 tensor operations per module
+    with submodules).
+    """
+
+    def __init__(self, profile: StepProfile, need: int, selective: bool) -> None:
+        self.profile = profile
+        self.unit = max(need / _BUCKETS, 1.0)
+        self.size = math.ceil(need / self.unit)
+        self.options = {
+            name: _options(profile, name, selective)
+            for name in profile.modules
+            if _is_candidate(profile, name)
+        }
+        targets = torch.arange(self.size + 1)
+        # rest[s, a]: what the next child must save when the others save a, for s in all.
+        self.rest = (targets.unsqueeze(1) - targets.unsqueeze(0)).clamp(min=0)
+        self.choice: dict[str, torch.Tensor] = {}
+        self.splits: dict[str, list[torch.Tensor]] = {}
+
+    def _solve(self, name: str) -> torch.Tensor:
+        size = self.size
+        best = torch.full((size + 1,), math.inf, dtype=torch.float64)
+        best[0] = 0.0
+        splits = []
+        for child in self.profile.modules[name].children:
+            table = self._solve(child)
+            if math.isinf(float(table[1])):  # the child saves nothing: skip the merge
+                splits.append(torch.full((size + 1,), -1, dtype=torch.long))
+                continue
+            merged, split = (best.unsqueeze(0) + table[self.rest]).min(dim=1)
+            best = merged
+            splits.append(split)
+        self.splits[name] = splits
+        choice = torch.full((size + 1,), -1, dtype=torch.long)
+        for number, option in enumerate(self.options.get(name, [])):
+            units = min(math.floor(option.saved_bytes / self.unit), size)
+            if units <= 0:
+                continue
+            better = best[: units + 1] > option.seconds
+            best[: units + 1] = torch.where(better, option.seconds, best[: units + 1])
+            choice[: units + 1] = torch.where(better, number, choice[: units + 1])
+        self.choice[name] = choice
+        return best
+
+    def _collect(self, name: str, units: int, chosen: dict[str, _Option]) -> None:
+        number = int(self.choice[name][units])
+        if number >= 0:
+            chosen[name] = self.options[name][number]
+            return
+        children = self.profile.modules[name].children
+        for child, split in reversed(list(zip(children, self.splits[name], strict=True))):
+            if int(split[units]) < 0:
+                continue
+            share = int(split[units])
+            self._collect(child, max(units - share, 0), chosen)
+            units = share
+
+    def solve(self) -> dict[str, _Option] | None:
+        """The chosen option per module, or ``None`` if no choice saves enough."""
+        table = self._solve("")
+        if math.isinf(float(table[self.size])):
+            return None
+        chosen: dict[str, _Option] = {}
+        self._collect("", self.size, chosen)
+        return chosen
+
+    def most_saving(self, name: str = "") -> dict[str, _Option]:
+        """The choice that saves the most bytes (ignoring time)."""
+        below: dict[str, _Option] = {}
+        for child in self.profile.modules[name].children:
+            below.update(self.most_saving(child))
+        total = sum(option.saved_bytes for option in below.values())
+        options = sorted(self.options.get(name, []), key=lambda o: (-o.saved_bytes, o.seconds))
+        if options and options[0].saved_bytes > total:
+            return {name: options[0]}
+        return below
+
+
+def _order(profile: StepProfile, chosen: dict[str, _Option]) -> dict[str, _Option]:
+    order = list(profile.modules)
+    return {name: chosen[name] for name in sorted(chosen, key=order.index)}
+
+
+def _frontier(profile: StepProfile, knapsack: _Knapsack, name: str) -> list[str]:
+    """The candidates below ``name`` reached through non-candidates only."""
+    found = []
+    for child in profile.modules[name].children:
+        if child in knapsack.options:
+            found.append(child)
+        else:
+            found.extend(_frontier(profile, knapsack, child))
+    return found
+
+
+def _rows(
+    profile: StepProfile, knapsack: _Knapsack, chosen: dict[str, _Option], name: str = ""
+) -> list[PlanRow]:
+    """One row per chosen module, and per kept module at the level of repeated blocks."""
+    if name in chosen:
+        option = chosen[name]
+        kind = "module" if option.decision == FULL else "ops: pointwise, dropout, norm"
+        return [PlanRow(name, kind, option.decision, _bytes(profile, option.kept), option.seconds)]
+    below = _frontier(profile, knapsack, name)
+    inside = any(other.startswith(f"{name}.") for other in chosen)
+    repeated = len(below) > 1 and len({profile.modules[b].kind for b in below}) == 1
+    if name in knapsack.options and not inside and not repeated:
+        owned = [
+            index
+            for index, stacks in profile.saved_by.items()
+            if all(name in stack for stack in stacks)
+        ]
+        return [PlanRow(name, "module", KEEP, _bytes(profile, owned), 0.0)]
+    return [row for child in below for row in _rows(profile, knapsack, chosen, child)]
+
+
+def plan_checkpointing(
+    model: nn.Module,
+    example_inputs: Any,
+    memory_budget: float | int,
+    *,
+    backend: Accelerator | str | None = None,
+    selective: bool = True,
+) -> CheckpointPlan:
+    """Plan the checkpointing that fits ``memory_budget`` with the fastest step.
+
+    Runs one warm-up step, one recorded forward and two timed steps of
+    ``model(*example_inputs)`` (see :mod:`checkpointing._profile`); the model's
+    parameters, gradients, buffers and generator states are left as they were.
+
+    Example::
+
+        plan = plan_checkpointing(model, (x,), memory_budget=0.5)
+        print(plan)          # module, grain, activations kept, recompute, decision
+        plan.apply(model)
+
+    Args:
+        model: The model, on its device and in training mode, not yet checkpointed.
+        example_inputs: A tuple of positional arguments for ``model`` (or a dict of
+            keyword arguments), shaped like a training batch.
+        memory_budget: Activation memory to allow: a float fraction of the plain
+            model's (0 < b <= 1), or an int number of bytes.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+        selective: Consider operator-grain checkpointing (recompute pointwise
+            operators, dropout and normalisation inside a module; keep matmul and
+            attention outputs) besides whole modules. Unavailable before torch 2.5.
+
+    Returns:
+        The plan; ``plan.apply(model)`` carries it out.
+
+    Raises:
+        TypeError: If ``memory_budget`` is not a float or an int.
+        ValueError: If ``memory_budget`` is out of range or below what checkpointing
+            every candidate module reaches (the message gives the smallest reachable
+            fraction), or no model output requires grad.
+    """
+    validate_budget(memory_budget)
+    if not isinstance(example_inputs, tuple | list | dict):
+        example_inputs = (example_inputs,)
+    resolved = resolve_backend(backend)
+    backend = accel.get_backend() if resolved is None else resolved
+    note = ""
+    reason = unavailable_reason() if selective else None
+    if reason is not None:
+        selective, note = False, f"operator grain unavailable, whole modules only: {reason}."
+    profile = profile_step(model, example_inputs, backend)
+    plain = profile.plain_bytes
+    budget = (
+        math.floor(memory_budget * plain) if isinstance(memory_budget, float) else memory_budget
+    )
+    chosen: dict[str, _Option] | None = {}
+    knapsack = _Knapsack(profile, 0, selective)
+    need = plain - budget
+    for _ in range(4):
+        if need <= 0:
+            break
+        knapsack = _Knapsack(profile, need, selective)
+        chosen = knapsack.solve()
+        if chosen is None:
+            break
+        overshoot = _estimate(profile, chosen) - budget
+        if overshoot <= 0:
+            break
+        need += overshoot
+    if chosen is None or _estimate(profile, chosen) > budget:
+        fallback = knapsack.most_saving()
+        smallest = _estimate(profile, fallback)
+        if smallest > budget:
+            least = math.ceil(smallest / plain * 1000) / 1000
+            raise ValueError(
+                f"checkpointing: memory_budget={memory_budget!r} ({budget} bytes) is below "
+                "what checkpointing can reach for this model: the smallest reachable is "
+                f"{smallest / plain:.3f} of the plain activation memory ({smallest} of "
+                f"{plain} bytes). Pass memory_budget >= {least}."
+            )
+        chosen = fallback
+    chosen = _order(profile, chosen)
+    recompute = sum(option.seconds for option in chosen.values())
+    return CheckpointPlan(
+        decisions={name: option.decision for name, option in chosen.items()},
+        rows=tuple(_rows(profile, knapsack, chosen)),
+        plain_bytes=plain,
+        estimated_bytes=_estimate(profile, chosen),
+        estimated_step_time_ratio=(profile.step_time + recompute) / profile.step_time,
+        budget_bytes=budget,
+        step_seconds=profile.step_time,
+        device_bytes=profile.device_bytes,
+        device_peak_bytes=profile.device_peak_bytes,
+        note=note,
+    )

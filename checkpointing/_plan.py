@@ -1,0 +1,186 @@
+"""``CheckpointPlan``: which modules to checkpoint, at which grain, and what it costs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from accel import Accelerator
+
+from ._checkpoint import run_checkpoint
+from ._selective import selective_context_fn
+from ._wrapper import CheckpointWrapper, checkpoint_wrapper
+
+__all__ = ["FULL", "KEEP", "SELECTIVE", "CheckpointPlan", "PlanRow", "SelectiveCheckpointWrapper"]
+
+KEEP = "keep"
+FULL = "checkpoint"
+SELECTIVE = "recompute cheap ops"
+
+
+class SelectiveCheckpointWrapper(CheckpointWrapper):
+    """A :class:`CheckpointWrapper` that keeps matmul and attention outputs.
+
+    Pointwise operators, dropout and normalisation inside the module are recomputed
+    in backward; the outputs of matrix products, convolutions and attention are kept.
+    Always the non-reentrant variant (a selective policy needs it).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        preserve_rng_state: bool = True,
+        backend: Accelerator | None = None,
+    ) -> None:
+        super().__init__(module, preserve_rng_state=preserve_rng_state, backend=backend)
+        self._context_fn = selective_context_fn()
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module's forward as a selective checkpoint."""
+        return run_checkpoint(
+            self.module,
+            args,
+            kwargs,
+            use_reentrant=False,
+            preserve_rng_state=self.preserve_rng_state,
+            backend=self._backend_ref.get(),
+            context_fn=self._context_fn,
+        )
+
+    def extra_repr(self) -> str:
+        return "selective: matmul and attention outputs kept"
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One line of a plan: a module and what the plan does with it."""
+
+    module: str
+    kind: str
+    decision: str
+    kept_bytes: int
+    recompute_seconds: float
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.2f} MiB"
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What :func:`plan_checkpointing` decided, and what it expects that to cost.
+
+    Printing a plan shows one row per module considered (the activation bytes it keeps
+    under the decision, the estimated time to recompute it in backward, and the
+    decision) and the totals.
+
+    Attributes:
+        decisions: Qualified module name to ``"checkpoint"`` (whole module) or
+            ``"recompute cheap ops"`` (selective), in visiting order.
+        rows: The table's rows.
+        plain_bytes: Activation bytes of the plain model (autograd-saved storages).
+        estimated_bytes: Activation bytes expected under the plan.
+        estimated_step_time_ratio: Expected step time over the plain step time.
+        budget_bytes: The budget the plan was made for, in bytes.
+        step_seconds: The measured plain step time.
+        device_peak_bytes: The device's peak allocation during the profiled forward
+            (``max_memory_allocated``), above what was allocated before it, or ``None``.
+        device_bytes: Memory the device held after the profiled forward (the device's
+            own statistics), or ``None`` where the backend keeps none.
+        note: Why a grain was unavailable, or empty.
+    """
+
+    decisions: dict[str, str]
+    rows: tuple[PlanRow, ...]
+    plain_bytes: int
+    estimated_bytes: int
+    estimated_step_time_ratio: float
+    budget_bytes: int
+    step_seconds: float
+    device_bytes: int | None = None
+    device_peak_bytes: int | None = None
+    note: str = ""
+
+    def apply(
+        self,
+        model: nn.Module,
+        *,
+        preserve_rng_state: bool = True,
+        backend: Accelerator | None = None,
+    ) -> list[str]:
+        """Wrap, in place, the modules of ``model`` the plan checkpoints.
+
+        ``model`` is the planned model or one built the same way (same module names).
+
+        Returns:
+            The qualified names of the wrapped modules.
+
+        Raises:
+            ValueError: If ``model`` lacks a module the plan names, or it is already
+                wrapped.
+        """
+        targets: list[tuple[str, nn.Module, str, nn.Module]] = []
+        for name in self.decisions:
+            parent_name, _, leaf = name.rpartition(".")
+            try:
+                parent = model.get_submodule(parent_name)
+                child = parent.get_submodule(leaf)
+            except AttributeError as error:
+                raise ValueError(
+                    f"checkpointing: this plan checkpoints {name!r}, which the model does "
+                    f"not have ({error}). Apply a plan to the model it was made for, or "
+                    "to one built the same way."
+                ) from None
+            if isinstance(child, CheckpointWrapper):
+                raise ValueError(
+                    f"checkpointing: {name!r} is already checkpointed; apply a plan to a "
+                    "model without checkpoint wrappers."
+                )
+            targets.append((name, parent, leaf, child))
+        for name, parent, leaf, child in targets:
+            if self.decisions[name] == SELECTIVE:
+                wrapper: nn.Module = SelectiveCheckpointWrapper(
+                    child, preserve_rng_state=preserve_rng_state, backend=backend
+                )
+            else:
+                wrapper = checkpoint_wrapper(
+                    child, preserve_rng_state=preserve_rng_state, backend=backend
+                )
+            setattr(parent, leaf, wrapper)
+        return list(self.decisions)
+
+    def __str__(self) -> str:
+        header = ("module", "grain", "activations kept", "recompute", "decision")
+        lines = [
+            (
+                row.module,
+                row.kind,
+                _mib(row.kept_bytes),
+                f"{row.recompute_seconds * 1e3:.2f} ms",
+                row.decision,
+            )
+            for row in self.rows
+        ]
+        widths = [max(len(cell) for cell in column) for column in zip(header, *lines, strict=True)]
+        rendered = [
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+            for line in (header, tuple("-" * width for width in widths), *lines)
+        ]
+        fraction = self.estimated_bytes / max(self.plain_bytes, 1)
+        rendered.append(
+            f"activations: {_mib(self.estimated_bytes)} of {_mib(self.plain_bytes)} plain "
+            f"({fraction:.2f}x; budget {_mib(self.budget_bytes)}); step time "
+            f"{self.estimated_step_time_ratio:.2f}x the plain {self.step_seconds * 1e3:.1f} ms"
+        )
+        if self.device_bytes is not None:
+            peak = _mib(self.device_peak_bytes or 0)
+            rendered.append(
+                f"device memory, plain forward (the device's statistics): held at its end "
+                f"{_mib(self.device_bytes)} (activations and output), peak {peak}"
+            )
+        if self.note:
+            rendered.append(self.note)
+        return "\n".join(rendered)

@@ -1,0 +1,299 @@
+"""Profiling one training step of a model, for the memory-budget planner.
+
+One plain forward runs under a dispatch mode and saved-tensor hooks that record, per
+module: the storages autograd saves while it runs (each storage once, parameters and
+buffers excluded, as :class:`SavedTensorMeter` counts), the storages of its tensor
+inputs (what a checkpoint keeps instead), the outputs of the operators a selective
+checkpoint keeps, and the time of its operators (the backend is synchronized around
+each operator on asynchronous devices). On lazy devices operators do not run when
+called, so each module is timed between ``mark_step`` and ``synchronize`` at its
+boundaries and split between kept and recomputed operators by the bytes they write.
+A clean step (forward and backward, no recording) gives the step time the recompute
+estimates are scaled to. Parameters, gradients, buffers and generator states are as
+they were afterwards.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from accel import Accelerator
+
+from ._selective import is_saved_operator
+
+__all__ = ["ModuleProfile", "StepProfile", "profile_step"]
+
+
+@dataclass
+class ModuleProfile:
+    """What one module's forward saved, took and received, in one plain step."""
+
+    name: str
+    kind: str = ""
+    calls: int = 0
+    repeated_input: bool = False
+    children: list[str] = field(default_factory=list)
+    inputs: set[int] = field(default_factory=set)
+    cached: set[int] = field(default_factory=set)
+    forward_time: float = 0.0
+    recomputed_time: float = 0.0
+    written_bytes: int = 0
+    recomputed_bytes: int = 0
+
+
+@dataclass
+class StepProfile:
+    """The recorded step: storages (by id), who saved them, and timings in seconds."""
+
+    modules: dict[str, ModuleProfile]
+    storage_bytes: dict[int, int]
+    saved_by: dict[int, set[tuple[str, ...]]]
+    step_time: float
+    forward_time: float
+    device_bytes: int | None
+    device_peak_bytes: int | None = None
+
+    @property
+    def plain_bytes(self) -> int:
+        """Bytes of the distinct storages autograd keeps in the plain step."""
+        return sum(self.storage_bytes[index] for index in self.saved_by)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    leaves, _ = tree_flatten(value)
+    if isinstance(value, dict) and not leaves:  # dict subclasses pytree does not know
+        leaves, _ = tree_flatten(dict(value))
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+class _Recorder(TorchDispatchMode):
+    """Gives every new storage an id, and charges operators to the running modules."""
+
+    def __init__(self, backend: Accelerator, excluded: set[int]) -> None:
+        super().__init__()
+        self.backend = backend
+        self.excluded = excluded
+        self.ids: dict[int, int] = {}
+        self.storage_bytes: dict[int, int] = {}
+        self.stack: list[ModuleProfile] = []
+        self.operator_time = 0.0
+        self.per_operator = backend.is_asynchronous and not backend.is_lazy
+
+    def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer == 0 or pointer in self.excluded:
+            return None
+        if new or pointer not in self.ids:
+            self.ids[pointer] = len(self.storage_bytes)
+            self.storage_bytes[self.ids[pointer]] = storage.nbytes()
+        return self.ids[pointer]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.per_operator:
+            self.backend.synchronize()
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        if self.per_operator:
+            self.backend.synchronize()
+        elapsed = time.perf_counter() - start
+        self.operator_time += elapsed
+        inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+        fresh = [
+            index
+            for t in _tensors(out)
+            if t.untyped_storage().data_ptr() not in inputs
+            and (index := self.identify(t, new=True)) is not None
+        ]
+        written = sum(self.storage_bytes[index] for index in fresh)
+        kept = is_saved_operator(func)
+        for module in self.stack:
+            module.forward_time += elapsed
+            module.written_bytes += written
+            if kept:
+                module.cached.update(fresh)
+            else:
+                module.recomputed_time += elapsed
+                module.recomputed_bytes += written
+        return out
+
+
+@contextmanager
+def _untouched(model: nn.Module, backend: Accelerator) -> Iterator[None]:
+    """Put gradients, buffers and generator states back as they were."""
+    grads = {param: param.grad for param in model.parameters()}
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    try:
+        with backend.fork_rng():
+            for param in grads:
+                param.grad = None
+            yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in buffers:
+                buffer.copy_(value)
+        for param, grad in grads.items():
+            param.grad = grad
+
+
+def _backward(output: Any) -> None:
+    outputs = [t for t in _tensors(output) if t.requires_grad]
+    if not outputs:
+        raise ValueError(
+            "checkpointing: no output of the model requires grad for example_inputs, so "
+            "there is no backward to plan for. Pass inputs of a training step, with "
+            "the model's parameters requiring grad and grad mode enabled."
+        )
+    torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+
+
+def _call(model: nn.Module, example_inputs: Any) -> Any:
+    if isinstance(example_inputs, dict):
+        return model(**example_inputs)
+    return model(*example_inputs)
+
+
+def _timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> tuple[float, float]:
+    backend.synchronize()
+    start = time.perf_counter()
+    output = _call(model, example_inputs)
+    backend.mark_step()
+    backend.synchronize()
+    middle = time.perf_counter()
+    _backward(output)
+    backend.mark_step()
+    backend.synchronize()
+    return time.perf_counter() - start, middle - start
+
+
+def _share_timings(modules: dict[str, ModuleProfile]) -> None:
+    """Give modules doing the same work (repeated blocks) the median of their timings.
+
+    Identical blocks cost the same; single timings of each are noisy on a busy host.
+    """
+    groups: dict[tuple[str, int, int], list[ModuleProfile]] = {}
+    for record in modules.values():
+        if record.calls == 1:
+            key = (record.kind, record.written_bytes, record.recomputed_bytes)
+            groups.setdefault(key, []).append(record)
+    for group in groups.values():
+        forward = statistics.median(record.forward_time for record in group)
+        recomputed = statistics.median(record.recomputed_time for record in group)
+        for record in group:
+            record.forward_time, record.recomputed_time = forward, recomputed
+
+
+def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> StepProfile:
+    """Record one plain step of ``model(*example_inputs)`` (see the module docstring).
+
+    Args:
+        model: The model, not yet checkpointed.
+        example_inputs: A tuple of positional arguments or a dict of keyword arguments.
+        backend: The backend the model runs on.
+
+    Returns:
+        The recorded profile.
+    """
+    names = {id(module): name for name, module in model.named_modules()}
+    modules = {name: ModuleProfile(name) for name in names.values()}
+    for name, module in model.named_modules():
+        modules[name].kind = type(module).__qualname__
+        modules[name].children = [
+            names[id(child)] for child in module.children() if id(child) in names
+        ]
+    state = [*model.parameters(), *model.buffers()]
+    excluded = {t.untyped_storage().data_ptr() for t in state}
+    recorder = _Recorder(backend, excluded)
+    saved_by: dict[int, set[tuple[str, ...]]] = {}
+    lazy = backend.is_lazy
+    started: dict[str, float] = {}
+
+    def before(module: nn.Module, args: Any, kwargs: Any) -> None:
+        record = modules[names[id(module)]]
+        record.calls += 1
+        tensors = _tensors((args, kwargs))
+        # The checkpoint hands recomputation one fresh tensor per argument, so a module
+        # that tells apart `f(x, x)` from `f(x, y)` (attention's self-attention path)
+        # would run differently; such modules are not candidates.
+        record.repeated_input |= len({id(t) for t in tensors}) < len(tensors)
+        for tensor in tensors:
+            index = recorder.identify(tensor)
+            if index is not None:
+                record.inputs.add(index)
+        if lazy:
+            backend.mark_step()
+            backend.synchronize()
+            started[record.name] = time.perf_counter()
+        recorder.stack.append(record)
+
+    def after(module: nn.Module, args: Any, output: Any) -> None:
+        record = recorder.stack.pop()
+        if lazy:
+            backend.mark_step()
+            backend.synchronize()
+            record.forward_time += time.perf_counter() - started.pop(record.name)
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        index = recorder.identify(tensor)
+        if index is not None:
+            saved_by.setdefault(index, set()).add(tuple(m.name for m in recorder.stack))
+        return tensor
+
+    with _untouched(model, backend):
+        _backward(_call(model, example_inputs))  # warm-up: first-call costs are not kept
+        model.zero_grad(set_to_none=True)
+        device_start = 0
+        if backend.supports_memory_stats:
+            backend.synchronize()
+            device_start = backend.memory_allocated()
+            backend.reset_peak_memory_stats()
+        with ExitStack() as stack:
+            for module in model.modules():
+                stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
+                stack.callback(module.register_forward_hook(after).remove)
+            stack.enter_context(recorder)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+            output = _call(model, example_inputs)
+        backend.mark_step()
+        device_bytes = device_peak = None
+        if backend.supports_memory_stats:
+            backend.synchronize()
+            device_bytes = backend.memory_allocated() - device_start
+            device_peak = backend.max_memory_allocated() - device_start
+        _backward(output)
+        del output
+        model.zero_grad(set_to_none=True)
+        timings = [_timed_step(model, example_inputs, backend) for _ in range(2)]
+        model.zero_grad(set_to_none=True)
+        step_time, forward_time = min(timings)
+    if lazy:
+        for record in modules.values():
+            share = record.recomputed_bytes / max(record.written_bytes, 1)
+            record.recomputed_time = record.forward_time * share
+    elif recorder.operator_time > 0:
+        # Operators timed alone miss the Python between them, which recomputation pays too.
+        scale = forward_time / recorder.operator_time
+        for record in modules.values():
+            record.forward_time *= scale
+            record.recomputed_time *= scale
+    _share_timings(modules)
+    return StepProfile(
+        modules=modules,
+        storage_bytes=recorder.storage_bytes,
+        saved_by=saved_by,
+        step_time=step_time,
+        forward_time=forward_time,
+        device_bytes=device_bytes,
+        device_peak_bytes=device_peak,
+    )

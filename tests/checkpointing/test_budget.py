@@ -1,0 +1,285 @@
+"""Checkpointing to a memory budget: plans fit, stay exact, and bad budgets are explained."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import checkpointing
+from accel.testing import RecordingBackend
+from checkpointing import CheckpointPlan, apply_activation_checkpointing, plan_checkpointing
+from checkpointing._measure import LiveActivationMeter
+from checkpointing._plan import FULL, SELECTIVE, SelectiveCheckpointWrapper
+from checkpointing._selective import unavailable_reason
+
+NO_SELECTIVE = unavailable_reason()
+needs_selective = pytest.mark.skipif(
+    NO_SELECTIVE is not None, reason=f"operator-grain checkpointing: {NO_SELECTIVE}"
+)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, 4, dropout=0.1, batch_first=True)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(0.1)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        normed = self.norm(hidden)
+        attended, _ = self.attention(normed, normed, normed, need_weights=False)
+        hidden = hidden + attended
+        return hidden + self.mlp(hidden)
+
+
+class Net(nn.Module):
+    def __init__(self, layers: int = 4, width: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(x)
+        for block in self.blocks:
+            hidden = block(hidden)
+        return self.head(hidden)
+
+
+def _model() -> Net:
+    torch.manual_seed(0)
+    return Net().train()
+
+
+def _inputs() -> torch.Tensor:
+    return torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(1))
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(7)
+    out = model(x)
+    out.square().mean().backward()
+    return out.detach(), [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+
+def _assert_same_step(model: nn.Module, reference: nn.Module, x: torch.Tensor) -> None:
+    out, grads = _step(model, x)
+    expected_out, expected_grads = _step(reference, x)
+    assert torch.equal(out, expected_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads, strict=True))
+
+
+def _live_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
+        out = model(x)
+    return meter.bytes - out.untyped_storage().nbytes()  # the graph lives while out does
+
+
+@pytest.mark.parametrize("budget", [0.75, 0.5, 0.25])
+def test_budget_is_bit_exact_with_dropout_and_fits(budget: float) -> None:
+    plain, model, x = _model(), _model(), _inputs()
+    wrapped = apply_activation_checkpointing(model, memory_budget=budget, example_inputs=(x,))
+    assert wrapped
+    _assert_same_step(model, plain, x)
+    assert _live_bytes(model, x) <= budget * _live_bytes(plain, x)
+
+
+@needs_selective
+@pytest.mark.parametrize("decision", [FULL, SELECTIVE])
+def test_each_grain_is_bit_exact_with_dropout(decision: str) -> None:
+    plain, model, x = _model(), _model(), _inputs()
+    plan = CheckpointPlan(
+        decisions={"blocks.0": decision, "blocks.2": decision},
+        rows=(),
+        plain_bytes=1,
+        estimated_bytes=1,
+        estimated_step_time_ratio=1.0,
+        budget_bytes=1,
+        step_seconds=1.0,
+    )
+    assert plan.apply(model) == ["blocks.0", "blocks.2"]
+    kind = SelectiveCheckpointWrapper if decision == SELECTIVE else checkpointing.CheckpointWrapper
+    assert type(model.blocks[0]) is kind
+    _assert_same_step(model, plain, x)
+    assert _live_bytes(model, x) < _live_bytes(plain, x)
+
+
+@needs_selective
+def test_selective_keeps_matmul_outputs_and_saves_less_than_plain() -> None:
+    plain, model, x = _model(), _model(), _inputs()
+    decisions = {f"blocks.{i}": SELECTIVE for i in range(4)}
+    full = {f"blocks.{i}": FULL for i in range(4)}
+    fields: dict[str, Any] = dict(
+        rows=(),
+        plain_bytes=1,
+        estimated_bytes=1,
+        estimated_step_time_ratio=1.0,
+        budget_bytes=1,
+        step_seconds=1.0,
+    )
+    CheckpointPlan(decisions=decisions, **fields).apply(model)
+    whole = _model()
+    CheckpointPlan(decisions=full, **fields).apply(whole)
+    assert _live_bytes(whole, x) < _live_bytes(model, x) < _live_bytes(plain, x)
+
+
+def test_plan_estimates_and_prints_a_table() -> None:
+    model, x = _model(), _inputs()
+    plan = plan_checkpointing(model, (x,), memory_budget=0.5)
+    assert plan.estimated_bytes <= plan.budget_bytes == int(0.5 * plan.plain_bytes)
+    assert plan.estimated_step_time_ratio > 1.0
+    text = str(plan)
+    for word in ("module", "grain", "activations kept", "recompute", "decision", "blocks."):
+        assert word in text
+    assert all(name in text for name in plan.decisions)
+    assert not any(isinstance(m, checkpointing.CheckpointWrapper) for m in model.modules())
+    untouched = plan_checkpointing(model, (x,), memory_budget=1.0)
+    assert untouched.decisions == {} and untouched.estimated_step_time_ratio == 1.0
+    assert untouched.estimated_bytes == untouched.plain_bytes
+
+
+def test_int_budget_is_bytes() -> None:
+    model, x = _model(), _inputs()
+    plain_bytes = plan_checkpointing(model, (x,), memory_budget=1.0).plain_bytes
+    plan = plan_checkpointing(model, (x,), memory_budget=plain_bytes // 3)
+    assert plan.budget_bytes == plain_bytes // 3 and plan.estimated_bytes <= plain_bytes // 3
+
+
+def test_planning_leaves_parameters_gradients_buffers_and_rng_alone() -> None:
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.5)),
+        nn.Sequential(nn.Linear(8, 8), nn.ReLU()),
+    ).train()
+    model[0][0].weight.grad = torch.ones(8, 8)
+    state = copy.deepcopy(model.state_dict())
+    x = torch.randn(16, 8)
+    rng = torch.get_rng_state()
+    plan_checkpointing(model, (x,), memory_budget=0.5)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert torch.equal(model[0][0].weight.grad, torch.ones(8, 8))
+    assert model[1][0].weight.grad is None
+
+
+def test_profiling_goes_through_the_backend() -> None:
+    backend = RecordingBackend()
+    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=backend)
+    backend.assert_order("fork_rng", "synchronize", "mark_step", "synchronize")
+
+
+def test_without_operator_grain_plans_whole_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = "torch 2.4.1 has no torch.utils.checkpoint.create_selective_checkpoint_contexts"
+    monkeypatch.setattr("checkpointing._budget.unavailable_reason", lambda: reason)
+    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5)
+    assert set(plan.decisions.values()) == {FULL}
+    assert reason in plan.note and reason in str(plan)
+
+
+def test_budget_with_check_fn_is_an_error() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match=r"^checkpointing: memory_budget and check_fn were both"):
+        apply_activation_checkpointing(
+            model, lambda m: True, memory_budget=0.5, example_inputs=(_inputs(),)
+        )
+    assert not any(isinstance(m, checkpointing.CheckpointWrapper) for m in model.modules())
+
+
+def test_budget_without_example_inputs_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"memory_budget needs example_inputs"):
+        apply_activation_checkpointing(_model(), memory_budget=0.5)
+
+
+def test_unreachable_budget_names_the_smallest_fraction() -> None:
+    with pytest.raises(ValueError, match=r"is below what checkpointing can reach") as error:
+        plan_checkpointing(_model(), (_inputs(),), memory_budget=0.001)
+    message = str(error.value)
+    smallest = float(message.split("the smallest reachable is ")[1].split(" ")[0])
+    assert 0.001 < smallest < 1.0
+    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=min(smallest + 0.01, 1.0))
+    assert plan.estimated_bytes <= plan.budget_bytes
+
+
+@pytest.mark.parametrize(
+    ("budget", "error", "match"),
+    [
+        (0.0, ValueError, r"memory_budget=0\.0 is out of range"),
+        (1.5, ValueError, r"memory_budget=1\.5 is out of range"),
+        (-3, ValueError, r"memory_budget=-3 bytes is out of range"),
+        ("half", TypeError, r"must be a float fraction .* not str 'half'"),
+        (True, TypeError, r"not bool True"),
+    ],
+)
+def test_bad_budgets_are_explained(budget: Any, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        plan_checkpointing(_model(), (_inputs(),), memory_budget=budget)
+    with pytest.raises(error, match=match):
+        apply_activation_checkpointing(_model(), memory_budget=budget, example_inputs=(1,))
+
+
+def test_plan_for_another_model_is_refused() -> None:
+    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5)
+    with pytest.raises(ValueError, match=r"which the model does not have"):
+        plan.apply(nn.Sequential(nn.Linear(2, 2)))
+
+
+class _AsynchronousRecording(RecordingBackend):
+    is_asynchronous = True
+
+
+class _LazyRecording(RecordingBackend):
+    is_lazy = True
+
+
+def test_asynchronous_backends_are_synchronized_around_each_operator() -> None:
+    synchronous, asynchronous = RecordingBackend(), _AsynchronousRecording()
+    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=synchronous)
+    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=asynchronous)
+    assert synchronous.count("synchronize") < 10 < 100 < asynchronous.count("synchronize")
+
+
+def test_lazy_backends_flush_the_graph_at_module_boundaries() -> None:
+    eager, lazy = RecordingBackend(), _LazyRecording()
+    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=lazy)
+    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=eager)
+    called = 1 + 1 + 4 * 8 + 1  # Net, embed, 4 x (block, norm, attention, mlp + 4), head
+    assert eager.count("mark_step") < 10 < 2 * called <= lazy.count("mark_step")
+    assert plan.estimated_bytes <= plan.budget_bytes
+
+
+class _StatsRecording(RecordingBackend):
+    supports_memory_stats = True
+
+
+def test_devices_with_memory_statistics_are_cross_checked() -> None:
+    backend = _StatsRecording()
+    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=backend)
+    backend.assert_order("reset_peak_memory_stats", "memory_allocated", "max_memory_allocated")
+    assert plan.device_bytes == plan.device_peak_bytes == 0  # the host reports 0
+    assert "device memory, plain forward (the device's statistics)" in str(plan)
+    assert "device memory" not in str(plan_checkpointing(_model(), (_inputs(),), 0.5))
+
+
+def test_selective_cache_stays_outside_saved_tensor_hooks() -> None:
+    from types import SimpleNamespace
+
+    from accel._compat import keep_selective_cache_outside_hooks
+
+    newer = SimpleNamespace(respect_saved_tensors_hooks=None)  # torch 2.15's caching mode
+    older = SimpleNamespace()
+    keep_selective_cache_outside_hooks(newer)
+    keep_selective_cache_outside_hooks(older)
+    assert newer.respect_saved_tensors_hooks is False and vars(older) == {}
+
+
+def test_non_reentrant_inputs_survive_until_backward() -> None:
+    # torch 2.4 freed the saved inputs once the saving node's output was dropped.
+    layer = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+    x = torch.randn(2, 4, requires_grad=True)
+    checkpointing.checkpoint(layer, x, use_reentrant=False).sum().backward()
+    assert x.grad is not None
