@@ -19,11 +19,11 @@ from accel import Accelerator
 
 from ._args import require_bool, resolve_backend
 from ._checkpoint import run_checkpoint
+from ._state_dict import keep_plain_keys
 
 __all__ = ["CheckpointWrapper", "apply_activation_checkpointing", "checkpoint_wrapper"]
 
 _WRAPPED = "_checkpoint_wrapped_module"
-_PREFIX = _WRAPPED + "."
 
 
 class _BackendRef:
@@ -49,31 +49,6 @@ class _BackendRef:
     def __reduce__(self) -> tuple[Any, ...]:
         name = self._name if self._backend is None else self._backend.name
         return (_BackendRef, (None, name))
-
-
-def _strip_prefix(
-    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
-) -> dict[str, Any]:
-    inner = prefix + _PREFIX
-    for key in [key for key in state_dict if key.startswith(inner)]:
-        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
-    return state_dict
-
-
-def _add_prefix(
-    module: nn.Module,
-    state_dict: dict[str, Any],
-    prefix: str,
-    local_metadata: Any,
-    strict: bool,
-    missing_keys: list[str],
-    unexpected_keys: list[str],
-    error_msgs: list[str],
-) -> None:
-    inner = prefix + _PREFIX
-    for key in [key for key in state_dict if key.startswith(prefix)]:
-        if not key.startswith(inner):
-            state_dict[inner + key[len(prefix) :]] = state_dict.pop(key)
 
 
 class CheckpointWrapper(nn.Module):
@@ -109,8 +84,7 @@ class CheckpointWrapper(nn.Module):
         self.use_reentrant = require_bool(use_reentrant, "use_reentrant")
         self.preserve_rng_state = require_bool(preserve_rng_state, "preserve_rng_state")
         self._backend_ref = _BackendRef(resolve_backend(backend))
-        self._register_state_dict_hook(_strip_prefix)
-        self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
+        keep_plain_keys(self, _WRAPPED)
 
     @property
     def module(self) -> nn.Module:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from accel import Accelerator
+from checkpointing._state_dict import keep_plain_keys
 
 from . import _transfer
 from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
@@ -191,8 +192,7 @@ class OffloadModel(nn.Module):
         self.checkpoint_activation = bool(checkpoint_activation)
         self.num_microbatches = num_microbatches
         self.batched_kwargs = batched
-        self._register_state_dict_hook(_strip_prefix)
-        self._register_load_state_dict_pre_hook(_add_prefix, with_module=True)
+        keep_plain_keys(self, "module")
 
     # Read-only views -------------------------------------------------------------------
 
@@ -370,33 +370,3 @@ def _pack_slices(
             storages[k].trainable = storages[k].trainable or storage.trainable
         shared.append((storage, list(users_of)))
     return storages, shared
-
-
-_PREFIX = "module."
-
-
-def _strip_prefix(
-    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any
-) -> dict[str, Any]:
-    """Save the wrapped model's keys, so that a plain model loads the checkpoint."""
-    inner = prefix + _PREFIX
-    for key in [key for key in state_dict if key.startswith(inner)]:
-        state_dict[prefix + key[len(inner) :]] = state_dict.pop(key)
-    return state_dict
-
-
-def _add_prefix(
-    module: nn.Module,
-    state_dict: dict[str, Any],
-    prefix: str,
-    local_metadata: Any,
-    strict: bool,
-    missing_keys: list[str],
-    unexpected_keys: list[str],
-    error_msgs: list[str],
-) -> None:
-    """Load the plain model's keys (and, as saved before, keys with the prefix)."""
-    inner = prefix + _PREFIX
-    for key in [key for key in state_dict if key.startswith(prefix)]:
-        if not key.startswith(inner):
-            state_dict[inner + key[len(prefix) :]] = state_dict.pop(key)
