@@ -182,10 +182,7 @@ def test_set_checkpoint_debug_enabled_gives_torchs_traces() -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        },
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     types, counts = result.stdout.splitlines()[-2:]
