@@ -31,7 +31,9 @@ __all__ = [
     "graph_exec_group",
     "keep_selective_cache_outside_hooks",
     "missing_use_reentrant_warning",
+    "selective_cache_allows_mutation",
     "selective_checkpoint_api",
+    "selective_contexts",
     "torch_release",
 ]
 
@@ -241,3 +243,32 @@ def keep_selective_cache_outside_hooks(forward_context: Any) -> None:
     """
     if hasattr(forward_context, "respect_saved_tensors_hooks"):
         forward_context.respect_saved_tensors_hooks = False
+
+
+def selective_cache_allows_mutation() -> bool:
+    """Whether a selective checkpoint may keep an output that the forward later mutates.
+
+    ``create_selective_checkpoint_contexts(..., allow_cache_entry_mutation=True)``
+    (torch 2.5's public API has it) lets the cache hold storage written in place after
+    it was kept, such as a dropout mask filled by ``bernoulli_`` and scaled by ``div_``.
+    """
+    api = selective_checkpoint_api()
+    if isinstance(api, str):
+        return False
+    return "allow_cache_entry_mutation" in inspect.signature(api[0]).parameters
+
+
+def selective_contexts(policy_fn: Callable[..., Any]) -> tuple[Any, Any]:
+    """Return torch's selective-checkpoint contexts for ``policy_fn``, allowing mutation.
+
+    See :func:`selective_cache_allows_mutation`.
+
+    Raises:
+        RuntimeError: If this torch has no selective-checkpoint API (torch 2.4).
+    """
+    api = selective_checkpoint_api()
+    if isinstance(api, str):
+        raise RuntimeError(f"checkpointing: operator-grain checkpointing is unavailable: {api}.")
+    if selective_cache_allows_mutation():
+        return cast(tuple[Any, Any], api[0](policy_fn, allow_cache_entry_mutation=True))
+    return cast(tuple[Any, Any], api[0](policy_fn))

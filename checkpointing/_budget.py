@@ -1,11 +1,14 @@
 """``plan_checkpointing``: the fastest checkpointing that fits a memory budget.
 
 From one profiled step (:mod:`._profile`), every module that runs once per step and
-has submodules is a candidate at two grains: the whole module (keep only its inputs),
-or its cheap operators (keep its inputs and its matmul and attention outputs,
-recompute pointwise activations, dropout and normalisation). Each choice saves some
-activation bytes and costs some recompute time; :func:`_choose` picks the set that
-saves enough for the budget in the least time.
+has submodules is a candidate at three grains: the whole module (keep only its
+inputs); its cheap operators by class (keep its inputs and its matmul and attention
+outputs, recompute pointwise activations, dropout and normalisation); and its
+operator calls by measured cost (keep the calls that save the most recompute time per
+byte, :mod:`._kept_ops`; this is what keeps a host's dropout masks, whose random
+draws cost more than the matmuls around them). Each choice saves some activation
+bytes and costs some recompute time; :class:`_Knapsack` picks the set that saves
+enough for the budget in the least time.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from torch import nn
 
 import accel
 from accel import Accelerator
+from accel._compat import selective_cache_allows_mutation
 
 from ._args import resolve_backend
-from ._plan import FULL, KEEP, SELECTIVE, CheckpointPlan, PlanRow
+from ._kept_ops import Unit, find_units, keep_options
+from ._overhead import measured_step_ratio, selective_overhead
+from ._plan import FULL, KEEP, MEASURED, SELECTIVE, CheckpointPlan, PlanRow
 from ._profile import StepProfile, profile_step
 from ._selective import unavailable_reason
 
@@ -37,6 +43,8 @@ class _Option:
     saved_bytes: int  # activation bytes removed (negative: added)
     seconds: float
     kept: frozenset[int]
+    kind: str = "module"
+    calls: tuple[tuple[str, int], ...] = ()
 
 
 def validate_budget(memory_budget: Any) -> None:
@@ -76,21 +84,58 @@ def _estimate(profile: StepProfile, chosen: dict[str, _Option]) -> int:
     return _bytes(profile, kept)
 
 
-def _options(profile: StepProfile, name: str, selective: bool) -> list[_Option]:
-    """The ways to checkpoint module ``name``, with their exclusive savings."""
+def _kept_summary(units: list[Unit]) -> str:
+    """``ops kept: addmm x3, bernoulli_ x2``: what a measured option keeps, by label."""
+    counts: dict[str, int] = {}
+    for unit in units:
+        counts[unit.label] = counts.get(unit.label, 0) + 1
+    shown = [f"{label} x{count}" if count > 1 else label for label, count in counts.items()]
+    return "ops kept: " + ", ".join(shown)
+
+
+def _options(
+    profile: StepProfile, name: str, selective: bool, overhead: tuple[float, float]
+) -> list[_Option]:
+    """The ways to checkpoint module ``name``, with their exclusive savings.
+
+    A selective option's recompute time is the module's forward time, less the own
+    time of the operators it keeps, plus the policy's ``overhead`` (per call, per kept
+    call; :mod:`._overhead`).
+    """
     record = profile.modules[name]
     owned = {
         index
         for index, stacks in profile.saved_by.items()
         if all(name in stack for stack in stacks)
     }
-    grains = [(FULL, frozenset(record.inputs), record.forward_time)]
+    grains = [_Option(FULL, 0, record.forward_time, frozenset(record.inputs))]
     if selective:
-        grains.append((SELECTIVE, frozenset(record.inputs | record.cached), record.recomputed_time))
+        per_call, per_kept = overhead
+        policy = per_call * len(record.ops)
+        kept = frozenset(record.inputs | record.cached)
+        kind = "ops: pointwise, dropout, norm"
+        seconds = record.recomputed_time + policy + per_kept * len(record.cached)
+        grains.append(_Option(SELECTIVE, 0, seconds, kept, kind))
+        units = find_units(record.ops, selective_cache_allows_mutation())
+        for prefix in keep_options(units, profile.storage_bytes, record.inputs):
+            chosen = [units[number] for number in prefix]
+            calls = sum(len(unit.calls) for unit in chosen)
+            own = sum(unit.seconds for unit in chosen)
+            grains.append(
+                _Option(
+                    MEASURED,
+                    0,
+                    max(record.forward_time - own, 0.0) + policy + per_kept * calls,
+                    frozenset(record.inputs).union(*(unit.storages for unit in chosen)),
+                    _kept_summary(chosen),
+                    tuple(sorted(call for unit in chosen for call in unit.calls)),
+                )
+            )
     options = []
-    for decision, kept, seconds in grains:
+    for grain in grains:
+        kept = grain.kept
         saved = _bytes(profile, owned - kept) - _bytes(profile, kept - profile.saved_by.keys())
-        options.append(_Option(decision, saved, seconds, kept))
+        options.append(_Option(grain.decision, saved, grain.seconds, kept, grain.kind, grain.calls))
     return options
 
 
@@ -112,12 +157,18 @@ class _Knapsack:
     with submodules).
     """
 
-    def __init__(self, profile: StepProfile, need: int, selective: bool) -> None:
+    def __init__(
+        self,
+        profile: StepProfile,
+        need: int,
+        selective: bool,
+        overhead: tuple[float, float] = (0.0, 0.0),
+    ) -> None:
         self.profile = profile
         self.unit = max(need / _BUCKETS, 1.0)
         self.size = math.ceil(need / self.unit)
         self.options = {
-            name: _options(profile, name, selective)
+            name: _options(profile, name, selective, overhead)
             for name in profile.modules
             if _is_candidate(profile, name)
         }
@@ -208,8 +259,8 @@ def _rows(
     """One row per chosen module, and per kept module at the level of repeated blocks."""
     if name in chosen:
         option = chosen[name]
-        kind = "module" if option.decision == FULL else "ops: pointwise, dropout, norm"
-        return [PlanRow(name, kind, option.decision, _bytes(profile, option.kept), option.seconds)]
+        kept = _bytes(profile, option.kept)
+        return [PlanRow(name, option.kind, option.decision, kept, option.seconds)]
     below = _frontier(profile, knapsack, name)
     inside = any(other.startswith(f"{name}.") for other in chosen)
     repeated = len(below) > 1 and len({profile.modules[b].kind for b in below}) == 1
@@ -250,9 +301,11 @@ def plan_checkpointing(
         memory_budget: Activation memory to allow: a float fraction of the plain
             model's (0 < b <= 1), or an int number of bytes.
         backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
-        selective: Consider operator-grain checkpointing (recompute pointwise
-            operators, dropout and normalisation inside a module; keep matmul and
-            attention outputs) besides whole modules. Unavailable before torch 2.5.
+        selective: Consider operator-grain checkpointing besides whole modules: by
+            operator class (recompute pointwise operators, dropout and normalisation
+            inside a module; keep matmul and attention outputs), and by measured call
+            (keep the calls that save the most recompute time per byte). Unavailable
+            before torch 2.5.
 
     Returns:
         The plan; ``plan.apply(model)`` carries it out.
@@ -277,13 +330,47 @@ def plan_checkpointing(
     budget = (
         math.floor(memory_budget * plain) if isinstance(memory_budget, float) else memory_budget
     )
+    overhead = (0.0, 0.0)
+    if selective:
+        overhead = selective_overhead(backend)
+    knapsack, chosen = _choose(profile, budget, selective, overhead, memory_budget)
+    if any(option.decision != FULL for option in chosen.values()):
+        draft = _plan(profile, knapsack, chosen, budget, "")
+        measured = measured_step_ratio(model, example_inputs, backend, draft.apply)
+        calls = sum(
+            len(profile.modules[name].ops)
+            for name, option in chosen.items()
+            if option.decision != FULL
+        )
+        missing = (measured - draft.estimated_step_time_ratio) * profile.step_time
+        if missing > 0:
+            overhead = (overhead[0] + missing / calls, overhead[1])
+            knapsack, chosen = _choose(profile, budget, selective, overhead, memory_budget)
+    if selective:
+        note = (
+            f"selective policy overhead on this backend: {overhead[0] * 1e6:.1f} us per "
+            f"operator call, {overhead[1] * 1e6:.1f} us more per kept call (a first plan "
+            "timed in place)."
+        )
+    return _plan(profile, knapsack, chosen, budget, note)
+
+
+def _choose(
+    profile: StepProfile,
+    budget: int,
+    selective: bool,
+    overhead: tuple[float, float],
+    memory_budget: float | int,
+) -> tuple[_Knapsack, dict[str, _Option]]:
+    """The knapsack and its choice for ``budget`` bytes (raises if out of reach)."""
+    plain = profile.plain_bytes
     chosen: dict[str, _Option] | None = {}
-    knapsack = _Knapsack(profile, 0, selective)
+    knapsack = _Knapsack(profile, 0, selective, overhead)
     need = plain - budget
     for _ in range(4):
         if need <= 0:
             break
-        knapsack = _Knapsack(profile, need, selective)
+        knapsack = _Knapsack(profile, need, selective, overhead)
         chosen = knapsack.solve()
         if chosen is None:
             break
@@ -303,12 +390,21 @@ def plan_checkpointing(
                 f"{plain} bytes). Pass memory_budget >= {least}."
             )
         chosen = fallback
-    chosen = _order(profile, chosen)
+    return knapsack, _order(profile, chosen)
+
+
+def _plan(
+    profile: StepProfile,
+    knapsack: _Knapsack,
+    chosen: dict[str, _Option],
+    budget: int,
+    note: str,
+) -> CheckpointPlan:
     recompute = sum(option.seconds for option in chosen.values())
     return CheckpointPlan(
         decisions={name: option.decision for name, option in chosen.items()},
         rows=tuple(_rows(profile, knapsack, chosen)),
-        plain_bytes=plain,
+        plain_bytes=profile.plain_bytes,
         estimated_bytes=_estimate(profile, chosen),
         estimated_step_time_ratio=(profile.step_time + recompute) / profile.step_time,
         budget_bytes=budget,
@@ -316,4 +412,7 @@ def plan_checkpointing(
         device_bytes=profile.device_bytes,
         device_peak_bytes=profile.device_peak_bytes,
         note=note,
+        kept_calls={
+            name: option.calls for name, option in chosen.items() if option.decision == MEASURED
+        },
     )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -10,22 +11,32 @@ from torch import nn
 from accel import Accelerator
 
 from ._checkpoint import run_checkpoint
-from ._selective import selective_context_fn
+from ._selective import kept_calls_context_fn, selective_context_fn
 from ._wrapper import CheckpointWrapper, checkpoint_wrapper
 
-__all__ = ["FULL", "KEEP", "SELECTIVE", "CheckpointPlan", "PlanRow", "SelectiveCheckpointWrapper"]
+__all__ = [
+    "FULL",
+    "KEEP",
+    "MEASURED",
+    "SELECTIVE",
+    "CheckpointPlan",
+    "PlanRow",
+    "SelectiveCheckpointWrapper",
+]
 
 KEEP = "keep"
 FULL = "checkpoint"
 SELECTIVE = "recompute cheap ops"
+MEASURED = "keep costly ops"
 
 
 class SelectiveCheckpointWrapper(CheckpointWrapper):
-    """A :class:`CheckpointWrapper` that keeps matmul and attention outputs.
+    """A :class:`CheckpointWrapper` that keeps some operators' outputs.
 
-    Pointwise operators, dropout and normalisation inside the module are recomputed
-    in backward; the outputs of matrix products, convolutions and attention are kept.
-    Always the non-reentrant variant (a selective policy needs it).
+    By default the outputs of matrix products, convolutions and attention are kept and
+    pointwise operators, dropout and normalisation are recomputed in backward. With
+    ``kept_calls``, exactly those ``(operator, occurrence)`` calls are kept (a plan's
+    measured choice). Always the non-reentrant variant (a selective policy needs it).
     """
 
     def __init__(
@@ -34,9 +45,16 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
         *,
         preserve_rng_state: bool = True,
         backend: Accelerator | None = None,
+        kept_calls: Sequence[tuple[str, int]] | None = None,
+        name: str = "",
     ) -> None:
         super().__init__(module, preserve_rng_state=preserve_rng_state, backend=backend)
-        self._context_fn = selective_context_fn()
+        self.kept_calls = None if kept_calls is None else tuple(kept_calls)
+        self._context_fn = (
+            selective_context_fn()
+            if self.kept_calls is None
+            else kept_calls_context_fn(self.kept_calls, name)
+        )
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward as a selective checkpoint."""
@@ -51,6 +69,8 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
         )
 
     def extra_repr(self) -> str:
+        if self.kept_calls is not None:
+            return f"selective: {len(self.kept_calls)} measured operator calls kept"
         return "selective: matmul and attention outputs kept"
 
 
@@ -78,8 +98,9 @@ class CheckpointPlan:
     decision) and the totals.
 
     Attributes:
-        decisions: Qualified module name to ``"checkpoint"`` (whole module) or
-            ``"recompute cheap ops"`` (selective), in visiting order.
+        decisions: Qualified module name to ``"checkpoint"`` (whole module),
+            ``"recompute cheap ops"`` (selective by operator class) or ``"keep costly
+            ops"`` (selective by measured call), in visiting order.
         rows: The table's rows.
         plain_bytes: Activation bytes of the plain model (autograd-saved storages).
         estimated_bytes: Activation bytes expected under the plan.
@@ -91,6 +112,8 @@ class CheckpointPlan:
         device_bytes: Memory the device held after the profiled forward (the device's
             own statistics), or ``None`` where the backend keeps none.
         note: Why a grain was unavailable, or empty.
+        kept_calls: For each ``"keep costly ops"`` module, the ``(operator,
+            occurrence)`` calls whose outputs it keeps.
     """
 
     decisions: dict[str, str]
@@ -103,6 +126,7 @@ class CheckpointPlan:
     device_bytes: int | None = None
     device_peak_bytes: int | None = None
     note: str = ""
+    kept_calls: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
 
     def apply(
         self,
@@ -139,11 +163,21 @@ class CheckpointPlan:
                     f"checkpointing: {name!r} is already checkpointed; apply a plan to a "
                     "model without checkpoint wrappers."
                 )
+            if self.decisions[name] == MEASURED and name not in self.kept_calls:
+                raise ValueError(
+                    f"checkpointing: this plan keeps measured operator calls in {name!r} "
+                    "but names none in kept_calls. Use a plan made by plan_checkpointing, "
+                    "or give kept_calls an entry for every 'keep costly ops' module."
+                )
             targets.append((name, parent, leaf, child))
         for name, parent, leaf, child in targets:
-            if self.decisions[name] == SELECTIVE:
+            if self.decisions[name] in (SELECTIVE, MEASURED):
                 wrapper: nn.Module = SelectiveCheckpointWrapper(
-                    child, preserve_rng_state=preserve_rng_state, backend=backend
+                    child,
+                    preserve_rng_state=preserve_rng_state,
+                    backend=backend,
+                    kept_calls=self.kept_calls[name] if self.decisions[name] == MEASURED else None,
+                    name=name,
                 )
             else:
                 wrapper = checkpoint_wrapper(

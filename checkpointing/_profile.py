@@ -29,9 +29,28 @@ from torch.utils._pytree import tree_flatten
 
 from accel import Accelerator
 
-from ._selective import is_saved_operator
+from ._selective import is_saved_operator, written_tensors
 
-__all__ = ["ModuleProfile", "StepProfile", "profile_step"]
+__all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step", "timed_step", "untouched"]
+
+
+@dataclass
+class OpCall:
+    """One operator call inside a module's forward, as a selective policy sees it.
+
+    ``occurrence`` counts the earlier calls of the same operator in that module's
+    forward, which is how a policy recognises the call again. ``seconds`` is the
+    operator's own time: keeping its output saves that, while the Python around it
+    still runs in the recomputation.
+    """
+
+    name: str
+    occurrence: int
+    seconds: float
+    fresh: tuple[int, ...]
+    mutated: tuple[int, ...]
+    read: tuple[int, ...]
+    random: bool
 
 
 @dataclass
@@ -49,6 +68,8 @@ class ModuleProfile:
     recomputed_time: float = 0.0
     written_bytes: int = 0
     recomputed_bytes: int = 0
+    ops: list[OpCall] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,6 +122,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        arguments = _tensors((args, kwargs))
         if self.per_operator:
             self.backend.synchronize()
         start = time.perf_counter()
@@ -109,15 +131,23 @@ class _Recorder(TorchDispatchMode):
             self.backend.synchronize()
         elapsed = time.perf_counter() - start
         self.operator_time += elapsed
-        inputs = {t.untyped_storage().data_ptr() for t in _tensors((args, kwargs))}
+        inputs = {t.untyped_storage().data_ptr() for t in arguments}
         fresh = [
             index
             for t in _tensors(out)
             if t.untyped_storage().data_ptr() not in inputs
             and (index := self.identify(t, new=True)) is not None
         ]
+        read = [index for t in arguments if (index := self.identify(t)) is not None]
+        mutated = [
+            index
+            for t in written_tensors(func, args, kwargs)
+            if (index := self.identify(t)) is not None
+        ]
         written = sum(self.storage_bytes[index] for index in fresh)
         kept = is_saved_operator(func)
+        name = str(func)
+        random = torch.Tag.nondeterministic_seeded in func.tags
         for module in self.stack:
             module.forward_time += elapsed
             module.written_bytes += written
@@ -126,11 +156,24 @@ class _Recorder(TorchDispatchMode):
             else:
                 module.recomputed_time += elapsed
                 module.recomputed_bytes += written
+            if module.children:
+                occurrence = module.counts.get(name, 0)
+                module.counts[name] = occurrence + 1
+                call = OpCall(
+                    name,
+                    occurrence,
+                    elapsed,
+                    tuple(fresh),
+                    tuple(dict.fromkeys(mutated)),
+                    tuple(dict.fromkeys(read)),
+                    random,
+                )
+                module.ops.append(call)
         return out
 
 
 @contextmanager
-def _untouched(model: nn.Module, backend: Accelerator) -> Iterator[None]:
+def untouched(model: nn.Module, backend: Accelerator) -> Iterator[None]:
     """Put gradients, buffers and generator states back as they were."""
     grads = {param: param.grad for param in model.parameters()}
     buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
@@ -164,7 +207,7 @@ def _call(model: nn.Module, example_inputs: Any) -> Any:
     return model(*example_inputs)
 
 
-def _timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> tuple[float, float]:
+def timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> tuple[float, float]:
     backend.synchronize()
     start = time.perf_counter()
     output = _call(model, example_inputs)
@@ -192,6 +235,12 @@ def _share_timings(modules: dict[str, ModuleProfile]) -> None:
         recomputed = statistics.median(record.recomputed_time for record in group)
         for record in group:
             record.forward_time, record.recomputed_time = forward, recomputed
+        sequences = {tuple(call.name for call in record.ops) for record in group}
+        if len(sequences) == 1:
+            for calls in zip(*(record.ops for record in group), strict=True):
+                seconds = statistics.median(call.seconds for call in calls)
+                for call in calls:
+                    call.seconds = seconds
 
 
 def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> StepProfile:
@@ -250,7 +299,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
             saved_by.setdefault(index, set()).add(tuple(m.name for m in recorder.stack))
         return tensor
 
-    with _untouched(model, backend):
+    with untouched(model, backend):
         _backward(_call(model, example_inputs))  # warm-up: first-call costs are not kept
         model.zero_grad(set_to_none=True)
         device_start = 0
@@ -274,13 +323,16 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         _backward(output)
         del output
         model.zero_grad(set_to_none=True)
-        timings = [_timed_step(model, example_inputs, backend) for _ in range(2)]
+        timings = [timed_step(model, example_inputs, backend) for _ in range(2)]
         model.zero_grad(set_to_none=True)
         step_time, forward_time = min(timings)
     if lazy:
         for record in modules.values():
             share = record.recomputed_bytes / max(record.written_bytes, 1)
             record.recomputed_time = record.forward_time * share
+            for call in record.ops:
+                written = sum(recorder.storage_bytes[index] for index in call.fresh)
+                call.seconds = record.forward_time * written / max(record.written_bytes, 1)
     elif recorder.operator_time > 0:
         # Operators timed alone miss the Python between them, which recomputation pays too.
         scale = forward_time / recorder.operator_time

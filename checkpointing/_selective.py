@@ -1,25 +1,62 @@
-"""Operator-grain checkpointing: keep matmul and attention outputs, recompute the rest.
+"""Operator-grain checkpointing: keep some operators' outputs, recompute the rest.
 
 Inside a checkpointed module, a selective policy (torch's
 ``create_selective_checkpoint_contexts``, passed as ``context_fn``) keeps the outputs
-of the operators that are expensive to recompute (matrix products, convolutions,
-attention) and lets everything else (pointwise activations, dropout, normalisation,
-softmax, reshapes) be recomputed in backward. The cheap operators are usually the ones
-whose saved tensors take the most memory per unit of compute.
+of some operators and lets everything else be recomputed in backward. Two policies:
+
+* by operator class (:func:`selective_context_fn`): keep matrix products,
+  convolutions and attention; recompute pointwise activations, dropout,
+  normalisation, softmax and reshapes;
+* by measured call (:func:`kept_calls_context_fn`): keep exactly the calls the
+  planner chose from a profiled step (:mod:`._kept_ops`), named by operator and
+  occurrence. In the forward a guard checks the rules that keep the recomputation
+  exact (in-place writes stay inside kept units; random draws are kept as a suffix)
+  and raises :class:`CheckpointError` if the module's operators no longer match.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from accel._compat import keep_selective_cache_outside_hooks, selective_checkpoint_api
+from accel._compat import (
+    keep_selective_cache_outside_hooks,
+    selective_checkpoint_api,
+    selective_contexts,
+)
 
+from ._errors import CheckpointError
 from ._non_reentrant import ContextFn
 
-__all__ = ["SAVED_OPERATORS", "is_saved_operator", "selective_context_fn", "unavailable_reason"]
+__all__ = [
+    "SAVED_OPERATORS",
+    "is_saved_operator",
+    "kept_calls_context_fn",
+    "selective_context_fn",
+    "unavailable_reason",
+    "written_tensors",
+]
+
+
+def written_tensors(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensor arguments the aten operator ``func`` writes in place (its schema's ``a!``).
+
+    Version counters cannot tell inside a dispatch mode: autograd increments them above it.
+    """
+    written: list[torch.Tensor] = []
+    for position, argument in enumerate(func._schema.arguments):
+        info = argument.alias_info
+        if info is None or not info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        values = value if isinstance(value, list | tuple) else [value]
+        written.extend(item for item in values if isinstance(item, torch.Tensor))
+    return written
 
 
 def _overloads(*names: str) -> frozenset[Any]:
@@ -80,6 +117,115 @@ def selective_context_fn() -> ContextFn:
         # must stay outside them, or its kept outputs would be dropped like the rest.
         keep_selective_cache_outside_hooks(forward)
         return forward, recompute
+
+    result: Callable[[], Any] = context_fn
+    return result
+
+
+class _Decision:
+    """What the policy decided for the operator call in flight (``None``: not asked)."""
+
+    def __init__(self) -> None:
+        self.kept: bool | None = None
+
+
+class _KeptCallsGuard(TorchDispatchMode):
+    """Checks in the forward that the kept calls make an exact recomputation."""
+
+    def __init__(self, owner: str, decision: _Decision) -> None:
+        super().__init__()
+        self.owner = owner
+        self.decision = decision
+        self.kept_storages: set[int] = set()
+        self.drawn_kept = False
+
+    def _mismatch(self, func: Any, problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpointing: the operators of {self.owner or 'the model'} no longer match "
+            f"its checkpoint plan: {func} {problem}, so recomputing it would not give the "
+            "forward's values. Make a new plan with plan_checkpointing for this model and "
+            "these inputs, or checkpoint this module whole."
+        )
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        self.decision.kept = None
+        out = func(*args, **kwargs)
+        kept = bool(self.decision.kept)
+        written = {t.untyped_storage().data_ptr() for t in written_tensors(func, args, kwargs)}
+        for pointer in written:
+            if (pointer in self.kept_storages) != kept:
+                problem = (
+                    "writes in place into a kept output but is not kept itself"
+                    if not kept
+                    else "is kept but writes in place into storage that is not kept"
+                )
+                raise self._mismatch(func, problem)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            if kept:
+                self.drawn_kept = True
+            elif self.drawn_kept:
+                raise self._mismatch(func, "draws random numbers after a kept draw")
+        if kept and not written:
+            self.kept_storages.update(
+                t.untyped_storage().data_ptr()
+                for t in tree_leaves(out)
+                if isinstance(t, torch.Tensor)
+            )
+        return out
+
+
+class _GuardedForward:
+    """torch's caching forward context with the guard entered inside it."""
+
+    def __init__(self, forward: Any, guard: _KeptCallsGuard) -> None:
+        self.forward = forward
+        self.guard = guard
+        self.stack = ExitStack()
+
+    def __enter__(self) -> None:
+        self.stack.enter_context(self.forward)
+        self.stack.enter_context(self.guard)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()
+
+
+def kept_calls_context_fn(kept: Iterable[tuple[str, int]], owner: str = "") -> ContextFn:
+    """Return a ``context_fn`` that keeps the named operator calls, recomputes the rest.
+
+    Args:
+        kept: ``(operator, occurrence)`` pairs, such as ``("aten.addmm.default", 1)``
+            for the module's second ``addmm`` call.
+        owner: The module's qualified name, for error messages.
+
+    Raises:
+        RuntimeError: If this torch has no selective-checkpoint API (torch 2.4).
+    """
+    wanted = frozenset(kept)
+    api = selective_checkpoint_api()
+    if isinstance(api, str):
+        raise RuntimeError(f"checkpointing: operator-grain checkpointing is unavailable: {api}.")
+    policy = api[1]
+    names: dict[Any, str] = {}
+
+    def context_fn() -> Any:
+        counts: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        decision = _Decision()
+
+        def choose(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+            name = names.get(func) or names.setdefault(func, str(func))
+            seen = counts[ctx.is_recompute]
+            occurrence = seen.get(name, 0)
+            seen[name] = occurrence + 1
+            decision.kept = (name, occurrence) in wanted
+            return policy.MUST_SAVE if decision.kept else policy.PREFER_RECOMPUTE
+
+        forward, recompute = selective_contexts(choose)
+        keep_selective_cache_outside_hooks(forward)
+        if torch.compiler.is_compiling():  # traced ops are functional; nothing to guard
+            return forward, recompute
+        return _GuardedForward(forward, _KeptCallsGuard(owner, decision)), recompute
 
     result: Callable[[], Any] = context_fn
     return result

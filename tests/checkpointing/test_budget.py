@@ -240,7 +240,8 @@ def test_asynchronous_backends_are_synchronized_around_each_operator() -> None:
     synchronous, asynchronous = RecordingBackend(), _AsynchronousRecording()
     plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=synchronous)
     plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=asynchronous)
-    assert synchronous.count("synchronize") < 10 < 100 < asynchronous.count("synchronize")
+    # Timed steps synchronize on both; only the asynchronous one does around each operator.
+    assert synchronous.count("synchronize") + 100 < asynchronous.count("synchronize")
 
 
 def test_lazy_backends_flush_the_graph_at_module_boundaries() -> None:
@@ -248,7 +249,7 @@ def test_lazy_backends_flush_the_graph_at_module_boundaries() -> None:
     plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=lazy)
     plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=eager)
     called = 1 + 1 + 4 * 8 + 1  # Net, embed, 4 x (block, norm, attention, mlp + 4), head
-    assert eager.count("mark_step") < 10 < 2 * called <= lazy.count("mark_step")
+    assert eager.count("mark_step") + 2 * called <= lazy.count("mark_step")
     assert plan.estimated_bytes <= plan.budget_bytes
 
 

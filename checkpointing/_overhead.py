@@ -1,0 +1,162 @@
+"""What a selective checkpoint costs per operator call, beyond recomputing operators.
+
+A selective policy runs in Python for every operator call of the region twice (in the
+forward, which also caches the kept outputs, and in the recomputation), and the
+measured grain's guard once more in the forward. On a host CPU that is tens of
+microseconds a call: for a transformer block of about eighty calls it is as much as
+recomputing its pointwise operators. The planner adds it to each selective option's
+recompute time, so that it prefers a whole-module checkpoint where the policy's
+overhead outweighs what it saves.
+
+:func:`selective_overhead` measures it on the backend with a small transformer-like
+chain of tiny tensors (linear, layer norm, GELU, dropout, reshapes: operators with
+the argument lists of real ones, since Python's cost per call grows with them), whose
+own compute is negligible: per call, ``(none - full) / N`` (a policy that recomputes
+everything against the plain checkpoint) and, per kept call, ``(all - plain) / N`` less
+that (a policy that keeps everything against no checkpoint). An asynchronous device
+can hide some of this behind its queue, so there it is an upper bound.
+
+That chain misses costs that only a real model shows (Python per call grows with the
+operator's arguments; kept outputs hold memory the allocator would have reused), so
+the planner also times its first plan in place (:func:`measured_step_ratio`) and,
+where the step is slower than estimated, spreads the difference over the selective
+regions' operator calls and plans once more.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from accel import Accelerator
+
+from ._checkpoint import run_checkpoint
+from ._non_reentrant import ContextFn
+from ._profile import timed_step, untouched
+from ._selective import kept_calls_context_fn
+
+__all__ = ["measured_step_ratio", "selective_overhead"]
+
+_LAYERS = 6
+_ROUNDS = 5
+
+
+class _Chain(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(_LAYERS):
+            hidden = torch.nn.functional.gelu(self.linear(self.norm(x)))
+            hidden = torch.nn.functional.dropout(hidden, 0.1, training=True)
+            x = x + hidden.reshape(2, 2, 8).transpose(0, 1).reshape(4, 8)
+        return x
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _best_time(step: Callable[[], Any], backend: Accelerator) -> float:
+    best = float("inf")
+    for _ in range(_ROUNDS):
+        backend.synchronize()
+        start = time.perf_counter()
+        step()
+        backend.mark_step()
+        backend.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def selective_overhead(backend: Accelerator) -> tuple[float, float]:
+    """Seconds per operator call, and extra seconds per kept call, of a selective policy.
+
+    Args:
+        backend: The backend the model runs on; its generators are left as they were.
+
+    Returns:
+        ``(per_call, per_kept_call)``, both at least 0.
+    """
+    with backend.fork_rng():
+        chain = _Chain().to(backend.device())
+        x = torch.ones(4, 8, device=backend.device(), requires_grad=True)
+        counter = _Counter()
+        with counter:
+            chain(x)
+        seen: dict[str, int] = {}
+        every = []
+        for name in counter.calls:
+            every.append((name, seen.get(name, 0)))
+            seen[name] = seen.get(name, 0) + 1
+        calls = len(every)
+
+        def run(context_fn: ContextFn | None, checkpointed: bool = True) -> None:
+            if checkpointed:
+                out = run_checkpoint(
+                    chain, (x,), {}, use_reentrant=False, backend=backend, context_fn=context_fn
+                )
+            else:
+                out = chain(x)
+            out.sum().backward()
+
+        keep_none, keep_all = kept_calls_context_fn(()), kept_calls_context_fn(every)
+        run(keep_all)  # warm-up: first calls build caches
+        plain = _best_time(lambda: run(None, checkpointed=False), backend)
+        full = _best_time(lambda: run(None), backend)
+        none = _best_time(lambda: run(keep_none), backend)
+        kept = _best_time(lambda: run(keep_all), backend)
+    per_call = max(none - full, 0.0) / calls
+    per_kept = max((kept - plain) / calls - per_call, 0.0)
+    return per_call, per_kept
+
+
+def _steps(model: nn.Module, example_inputs: Any, backend: Accelerator) -> list[float]:
+    times = []
+    for _ in range(3):
+        times.append(timed_step(model, example_inputs, backend)[0])
+        model.zero_grad(set_to_none=True)
+    return times
+
+
+def measured_step_ratio(
+    model: nn.Module,
+    example_inputs: Any,
+    backend: Accelerator,
+    apply: Callable[[nn.Module], list[str]],
+) -> float:
+    """Time ``model`` with a plan applied in place against the plain model, then undo it.
+
+    A warm-up step, then the fastest of three steps of each. The wrapped modules are
+    put back, and the parameters, gradients, buffers and generator states are as they
+    were.
+
+    Returns:
+        The planned step's time over the plain step's.
+    """
+    with untouched(model, backend):
+        wrapped = apply(model)
+        try:
+            timed_step(model, example_inputs, backend)  # first calls build caches
+            model.zero_grad(set_to_none=True)
+            planned = min(_steps(model, example_inputs, backend))
+        finally:
+            for name in wrapped:
+                parent_name, _, leaf = name.rpartition(".")
+                parent = model.get_submodule(parent_name)
+                setattr(parent, leaf, getattr(parent, leaf).module)
+        plain = min(_steps(model, example_inputs, backend))
+    return planned / plain
