@@ -7,7 +7,7 @@ from typing import Any
 import accel
 from accel import Accelerator
 
-__all__ = ["require_bool", "require_optional_bool", "resolve_backend"]
+__all__ = ["require_bool", "require_optional_bool", "resolve_backend", "validate_budget"]
 
 
 def resolve_backend(backend: Any, *, where: str = "backend") -> Accelerator | None:
@@ -58,3 +58,25 @@ def require_optional_bool(value: Any, name: str) -> bool | None:
             f"{name}=False (recommended) or {name}=True."
         )
     return value
+
+
+def validate_budget(memory_budget: Any) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``memory_budget`` is a valid budget."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int | float):
+        raise TypeError(
+            "checkpointing: memory_budget must be a float fraction of the plain model's "
+            "activation memory (0 < b <= 1) or an int number of bytes, not "
+            f"{type(memory_budget).__name__} {memory_budget!r}."
+        )
+    if isinstance(memory_budget, float) and not 0.0 < memory_budget <= 1.0:
+        raise ValueError(
+            f"checkpointing: memory_budget={memory_budget!r} is out of range: a float is a "
+            "fraction of the plain model's activation memory, 0 < b <= 1 (1.0 changes "
+            "nothing). Pass, for example, 0.5; or an int for a number of bytes."
+        )
+    if isinstance(memory_budget, int) and memory_budget <= 0:
+        raise ValueError(
+            f"checkpointing: memory_budget={memory_budget} bytes is out of range: an int "
+            "budget is a positive number of bytes of activation memory. Pass a positive "
+            "int, or a float fraction 0 < b <= 1."
+        )

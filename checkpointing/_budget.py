@@ -25,14 +25,14 @@ import accel
 from accel import Accelerator
 from accel._compat import selective_cache_allows_mutation
 
-from ._args import resolve_backend
+from ._args import resolve_backend, validate_budget
 from ._kept_ops import Unit, find_units, keep_options
 from ._overhead import measured_step_ratio, selective_overhead
 from ._plan import FULL, KEEP, MEASURED, SELECTIVE, CheckpointPlan, PlanRow
 from ._profile import StepProfile, profile_step
 from ._selective import unavailable_reason
 
-__all__ = ["plan_checkpointing", "validate_budget"]
+__all__ = ["plan_checkpointing"]
 
 _BUCKETS = 1000
 
@@ -45,28 +45,6 @@ class _Option:
     kept: frozenset[int]
     kind: str = "module"
     calls: tuple[tuple[str, int], ...] = ()
-
-
-def validate_budget(memory_budget: Any) -> None:
-    """Raise ``TypeError``/``ValueError`` unless ``memory_budget`` is a valid budget."""
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int | float):
-        raise TypeError(
-            "checkpointing: memory_budget must be a float fraction of the plain model's "
-            "activation memory (0 < b <= 1) or an int number of bytes, not "
-            f"{type(memory_budget).__name__} {memory_budget!r}."
-        )
-    if isinstance(memory_budget, float) and not 0.0 < memory_budget <= 1.0:
-        raise ValueError(
-            f"checkpointing: memory_budget={memory_budget!r} is out of range: a float is a "
-            "fraction of the plain model's activation memory, 0 < b <= 1 (1.0 changes "
-            "nothing). Pass, for example, 0.5; or an int for a number of bytes."
-        )
-    if isinstance(memory_budget, int) and memory_budget <= 0:
-        raise ValueError(
-            f"checkpointing: memory_budget={memory_budget} bytes is out of range: an int "
-            "budget is a positive number of bytes of activation memory. Pass a positive "
-            "int, or a float fraction 0 < b <= 1."
-        )
 
 
 def _bytes(profile: StepProfile, indices: Iterable[int]) -> int:

@@ -17,7 +17,7 @@ from torch import nn
 import accel
 from accel import Accelerator
 
-from ._args import require_bool, resolve_backend
+from ._args import require_bool, resolve_backend, validate_budget
 from ._checkpoint import run_checkpoint
 from ._state_dict import keep_plain_keys
 
@@ -318,7 +318,7 @@ def _apply_budget(
     preserve_rng_state: bool,
     backend: Accelerator | None,
 ) -> list[str]:
-    from ._budget import plan_checkpointing, validate_budget  # the planner imports this module
+    from ._budget import plan_checkpointing  # the planner imports this module
 
     validate_budget(memory_budget)
     conflicts = [
