@@ -245,6 +245,7 @@ def keep_selective_cache_outside_hooks(forward_context: Any) -> None:
         forward_context.respect_saved_tensors_hooks = False
 
 
+@functools.cache
 def selective_cache_allows_mutation() -> bool:
     """Whether a selective checkpoint may keep an output that the forward later mutates.
 
@@ -258,17 +259,11 @@ def selective_cache_allows_mutation() -> bool:
     return "allow_cache_entry_mutation" in inspect.signature(api[0]).parameters
 
 
-def selective_contexts(policy_fn: Callable[..., Any]) -> tuple[Any, Any]:
-    """Return torch's selective-checkpoint contexts for ``policy_fn``, allowing mutation.
+def selective_contexts(create: Callable[..., Any], policy_fn: Callable[..., Any]) -> Any:
+    """Call torch's ``create`` (the selective-checkpoint API) allowing mutation if it can.
 
     See :func:`selective_cache_allows_mutation`.
-
-    Raises:
-        RuntimeError: If this torch has no selective-checkpoint API (torch 2.4).
     """
-    api = selective_checkpoint_api()
-    if isinstance(api, str):
-        raise RuntimeError(f"checkpointing: operator-grain checkpointing is unavailable: {api}.")
     if selective_cache_allows_mutation():
-        return cast(tuple[Any, Any], api[0](policy_fn, allow_cache_entry_mutation=True))
-    return cast(tuple[Any, Any], api[0](policy_fn))
+        return create(policy_fn, allow_cache_entry_mutation=True)
+    return create(policy_fn)

@@ -1,7 +1,7 @@
 """``plan_checkpointing``: the fastest checkpointing that fits a memory budget.
 
 From one profiled step (:mod:`._profile`), every module that runs once per step and
-has submodules is a candidate at three grains: the whole module (keep only its
+has submodules is a candidate at three grains (:mod:`._options`): the whole module (keep only its
 inputs); its cheap operators by class (keep its inputs and its matmul and attention
 outputs, recompute pointwise activations, dropout and normalisation); and its
 operator calls by measured cost (keep the calls that save the most recompute time per
@@ -14,8 +14,6 @@ enough for the budget in the least time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,12 +21,11 @@ from torch import nn
 
 import accel
 from accel import Accelerator
-from accel._compat import selective_cache_allows_mutation
 
 from ._args import resolve_backend, validate_budget
-from ._kept_ops import Unit, find_units, keep_options
+from ._options import Option, candidates, priced, storage_bytes
 from ._overhead import measured_step_ratio, selective_overhead
-from ._plan import FULL, KEEP, MEASURED, SELECTIVE, CheckpointPlan, PlanRow
+from ._plan import KEEP, MEASURED, CheckpointPlan, PlanRow
 from ._profile import StepProfile, profile_step
 from ._selective import unavailable_reason
 
@@ -37,21 +34,7 @@ __all__ = ["plan_checkpointing"]
 _BUCKETS = 1000
 
 
-@dataclass(frozen=True)
-class _Option:
-    decision: str
-    saved_bytes: int  # activation bytes removed (negative: added)
-    seconds: float
-    kept: frozenset[int]
-    kind: str = "module"
-    calls: tuple[tuple[str, int], ...] = ()
-
-
-def _bytes(profile: StepProfile, indices: Iterable[int]) -> int:
-    return sum(profile.storage_bytes[index] for index in set(indices))
-
-
-def _estimate(profile: StepProfile, chosen: dict[str, _Option]) -> int:
+def _estimate(profile: StepProfile, chosen: dict[str, Option]) -> int:
     """Activation bytes with ``chosen`` applied: union of what stays saved and kept."""
     kept: set[int] = set()
     for index, stacks in profile.saved_by.items():
@@ -59,67 +42,7 @@ def _estimate(profile: StepProfile, chosen: dict[str, _Option]) -> int:
             kept.add(index)
     for option in chosen.values():
         kept |= option.kept
-    return _bytes(profile, kept)
-
-
-def _kept_summary(units: list[Unit]) -> str:
-    """``ops kept: addmm x3, bernoulli_ x2``: what a measured option keeps, by label."""
-    counts: dict[str, int] = {}
-    for unit in units:
-        counts[unit.label] = counts.get(unit.label, 0) + 1
-    shown = [f"{label} x{count}" if count > 1 else label for label, count in counts.items()]
-    return "ops kept: " + ", ".join(shown)
-
-
-def _options(
-    profile: StepProfile, name: str, selective: bool, overhead: tuple[float, float]
-) -> list[_Option]:
-    """The ways to checkpoint module ``name``, with their exclusive savings.
-
-    A selective option's recompute time is the module's forward time, less the own
-    time of the operators it keeps, plus the policy's ``overhead`` (per call, per kept
-    call; :mod:`._overhead`).
-    """
-    record = profile.modules[name]
-    owned = {
-        index
-        for index, stacks in profile.saved_by.items()
-        if all(name in stack for stack in stacks)
-    }
-    grains = [_Option(FULL, 0, record.forward_time, frozenset(record.inputs))]
-    if selective:
-        per_call, per_kept = overhead
-        policy = per_call * len(record.ops)
-        kept = frozenset(record.inputs | record.cached)
-        kind = "ops: pointwise, dropout, norm"
-        seconds = record.recomputed_time + policy + per_kept * len(record.cached)
-        grains.append(_Option(SELECTIVE, 0, seconds, kept, kind))
-        units = find_units(record.ops, selective_cache_allows_mutation())
-        for prefix in keep_options(units, profile.storage_bytes, record.inputs):
-            chosen = [units[number] for number in prefix]
-            calls = sum(len(unit.calls) for unit in chosen)
-            own = sum(unit.seconds for unit in chosen)
-            grains.append(
-                _Option(
-                    MEASURED,
-                    0,
-                    max(record.forward_time - own, 0.0) + policy + per_kept * calls,
-                    frozenset(record.inputs).union(*(unit.storages for unit in chosen)),
-                    _kept_summary(chosen),
-                    tuple(sorted(call for unit in chosen for call in unit.calls)),
-                )
-            )
-    options = []
-    for grain in grains:
-        kept = grain.kept
-        saved = _bytes(profile, owned - kept) - _bytes(profile, kept - profile.saved_by.keys())
-        options.append(_Option(grain.decision, saved, grain.seconds, kept, grain.kind, grain.calls))
-    return options
-
-
-def _is_candidate(profile: StepProfile, name: str) -> bool:
-    record = profile.modules[name]
-    return bool(name) and record.calls == 1 and bool(record.children) and not record.repeated_input
+    return storage_bytes(profile, kept)
 
 
 class _Knapsack:
@@ -135,21 +58,11 @@ class _Knapsack:
     with submodules).
     """
 
-    def __init__(
-        self,
-        profile: StepProfile,
-        need: int,
-        selective: bool,
-        overhead: tuple[float, float] = (0.0, 0.0),
-    ) -> None:
+    def __init__(self, profile: StepProfile, need: int, options: dict[str, list[Option]]) -> None:
         self.profile = profile
         self.unit = max(need / _BUCKETS, 1.0)
         self.size = math.ceil(need / self.unit)
-        self.options = {
-            name: _options(profile, name, selective, overhead)
-            for name in profile.modules
-            if _is_candidate(profile, name)
-        }
+        self.options = options
         targets = torch.arange(self.size + 1)
         # rest[s, a]: what the next child must save when the others save a, for s in all.
         self.rest = (targets.unsqueeze(1) - targets.unsqueeze(0)).clamp(min=0)
@@ -181,7 +94,7 @@ class _Knapsack:
         self.choice[name] = choice
         return best
 
-    def _collect(self, name: str, units: int, chosen: dict[str, _Option]) -> None:
+    def _collect(self, name: str, units: int, chosen: dict[str, Option]) -> None:
         number = int(self.choice[name][units])
         if number >= 0:
             chosen[name] = self.options[name][number]
@@ -194,18 +107,18 @@ class _Knapsack:
             self._collect(child, max(units - share, 0), chosen)
             units = share
 
-    def solve(self) -> dict[str, _Option] | None:
+    def solve(self) -> dict[str, Option] | None:
         """The chosen option per module, or ``None`` if no choice saves enough."""
         table = self._solve("")
         if math.isinf(float(table[self.size])):
             return None
-        chosen: dict[str, _Option] = {}
+        chosen: dict[str, Option] = {}
         self._collect("", self.size, chosen)
         return chosen
 
-    def most_saving(self, name: str = "") -> dict[str, _Option]:
+    def most_saving(self, name: str = "") -> dict[str, Option]:
         """The choice that saves the most bytes (ignoring time)."""
-        below: dict[str, _Option] = {}
+        below: dict[str, Option] = {}
         for child in self.profile.modules[name].children:
             below.update(self.most_saving(child))
         total = sum(option.saved_bytes for option in below.values())
@@ -215,7 +128,7 @@ class _Knapsack:
         return below
 
 
-def _order(profile: StepProfile, chosen: dict[str, _Option]) -> dict[str, _Option]:
+def _order(profile: StepProfile, chosen: dict[str, Option]) -> dict[str, Option]:
     order = list(profile.modules)
     return {name: chosen[name] for name in sorted(chosen, key=order.index)}
 
@@ -232,12 +145,12 @@ def _frontier(profile: StepProfile, knapsack: _Knapsack, name: str) -> list[str]
 
 
 def _rows(
-    profile: StepProfile, knapsack: _Knapsack, chosen: dict[str, _Option], name: str = ""
+    profile: StepProfile, knapsack: _Knapsack, chosen: dict[str, Option], name: str = ""
 ) -> list[PlanRow]:
     """One row per chosen module, and per kept module at the level of repeated blocks."""
     if name in chosen:
         option = chosen[name]
-        kept = _bytes(profile, option.kept)
+        kept = storage_bytes(profile, option.kept)
         return [PlanRow(name, option.kind, option.decision, kept, option.seconds)]
     below = _frontier(profile, knapsack, name)
     inside = any(other.startswith(f"{name}.") for other in chosen)
@@ -248,7 +161,7 @@ def _rows(
             for index, stacks in profile.saved_by.items()
             if all(name in stack for stack in stacks)
         ]
-        return [PlanRow(name, "module", KEEP, _bytes(profile, owned), 0.0)]
+        return [PlanRow(name, "module", KEEP, storage_bytes(profile, owned), 0.0)]
     return [row for child in below for row in _rows(profile, knapsack, chosen, child)]
 
 
@@ -308,22 +221,18 @@ def plan_checkpointing(
     budget = (
         math.floor(memory_budget * plain) if isinstance(memory_budget, float) else memory_budget
     )
-    overhead = (0.0, 0.0)
-    if selective:
-        overhead = selective_overhead(backend)
-    knapsack, chosen = _choose(profile, budget, selective, overhead, memory_budget)
-    if any(option.decision != FULL for option in chosen.values()):
+    unpriced = candidates(profile, selective)
+    overhead = selective_overhead(backend) if selective else (0.0, 0.0)
+    knapsack, chosen = _choose(profile, budget, priced(unpriced, overhead), memory_budget)
+    if any(option.policy_calls for option in chosen.values()):
         draft = _plan(profile, knapsack, chosen, budget, "")
         measured = measured_step_ratio(model, example_inputs, backend, draft.apply)
-        calls = sum(
-            len(profile.modules[name].ops)
-            for name, option in chosen.items()
-            if option.decision != FULL
-        )
+        calls = sum(option.policy_calls for option in chosen.values())
         missing = (measured - draft.estimated_step_time_ratio) * profile.step_time
         if missing > 0:
             overhead = (overhead[0] + missing / calls, overhead[1])
-            knapsack, chosen = _choose(profile, budget, selective, overhead, memory_budget)
+            options = priced(unpriced, overhead)
+            knapsack, chosen = _choose(profile, budget, options, memory_budget)
     if selective:
         note = (
             f"selective policy overhead on this backend: {overhead[0] * 1e6:.1f} us per "
@@ -336,19 +245,18 @@ def plan_checkpointing(
 def _choose(
     profile: StepProfile,
     budget: int,
-    selective: bool,
-    overhead: tuple[float, float],
+    options: dict[str, list[Option]],
     memory_budget: float | int,
-) -> tuple[_Knapsack, dict[str, _Option]]:
+) -> tuple[_Knapsack, dict[str, Option]]:
     """The knapsack and its choice for ``budget`` bytes (raises if out of reach)."""
     plain = profile.plain_bytes
-    chosen: dict[str, _Option] | None = {}
-    knapsack = _Knapsack(profile, 0, selective, overhead)
+    chosen: dict[str, Option] | None = {}
+    knapsack = _Knapsack(profile, 0, options)
     need = plain - budget
     for _ in range(4):
         if need <= 0:
             break
-        knapsack = _Knapsack(profile, need, selective, overhead)
+        knapsack = _Knapsack(profile, need, options)
         chosen = knapsack.solve()
         if chosen is None:
             break
@@ -374,7 +282,7 @@ def _choose(
 def _plan(
     profile: StepProfile,
     knapsack: _Knapsack,
-    chosen: dict[str, _Option],
+    chosen: dict[str, Option],
     budget: int,
     note: str,
 ) -> CheckpointPlan:

@@ -153,19 +153,9 @@ def checkpoint(
             "checkpointing: checkpoint() got arguments but no function to run. Pass the "
             "function first: checkpoint(function, *args, use_reentrant=False)."
         )
-    if torch.compiler.is_compiling():
-        return _torch_checkpoint(
-            function,
-            args,
-            kwargs,
-            use_reentrant,
-            preserve_rng_state,
-            context_fn,
-            determinism_check,
-            debug,
-            early_stop,
-            respect_saved_tensors_hooks,
-        )
+    if torch.compiler.is_compiling():  # torch validates; use_reentrant=None stays torch's
+        del options["backend"]
+        return _torch_checkpoint(function, args, kwargs, **options)
     require_optional_bool(use_reentrant, "use_reentrant")
     if use_reentrant is None:
         warn_missing_use_reentrant(sequential=False)
@@ -245,13 +235,14 @@ def _torch_checkpoint(
     function: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    *,
     use_reentrant: bool | None,
     preserve_rng_state: bool,
     context_fn: ContextFn | None,
     determinism_check: str,
     debug: bool,
     early_stop: bool,
-    respect_saved_tensors_hooks: bool | None = None,
+    respect_saved_tensors_hooks: bool | None,
 ) -> Any:
     """Call torch's checkpoint under torch.compile, passing only what differs from its defaults.
 
@@ -315,33 +306,20 @@ def run_checkpoint(
     torch's checkpoint (``offload`` regions run eagerly instead).
     """
     if torch.compiler.is_compiling():
+        torch_options: dict[str, Any] = {
+            "use_reentrant": use_reentrant,
+            "preserve_rng_state": preserve_rng_state,
+            "context_fn": context_fn,
+            "determinism_check": determinism_check,
+            "debug": debug,
+            "early_stop": early_stop,
+            "respect_saved_tensors_hooks": respect_saved_tensors_hooks,
+        }
         if offload:
             return _run_eagerly(
-                function,
-                args,
-                kwargs,
-                use_reentrant=use_reentrant,
-                preserve_rng_state=preserve_rng_state,
-                backend=backend,
-                offload=offload,
-                context_fn=context_fn,
-                determinism_check=determinism_check,
-                debug=debug,
-                early_stop=early_stop,
-                respect_saved_tensors_hooks=respect_saved_tensors_hooks,
+                function, args, kwargs, backend=backend, offload=offload, **torch_options
             )
-        return _torch_checkpoint(
-            function,
-            args,
-            kwargs,
-            use_reentrant,
-            preserve_rng_state,
-            context_fn,
-            determinism_check,
-            debug,
-            early_stop,
-            respect_saved_tensors_hooks,
-        )
+        return _torch_checkpoint(function, args, kwargs, **torch_options)
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
     if use_reentrant and not _any_requires_grad(args):

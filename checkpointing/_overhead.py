@@ -124,12 +124,12 @@ def selective_overhead(backend: Accelerator) -> tuple[float, float]:
     return per_call, per_kept
 
 
-def _steps(model: nn.Module, example_inputs: Any, backend: Accelerator) -> list[float]:
-    times = []
+def _fastest_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> float:
+    fastest = float("inf")
     for _ in range(3):
-        times.append(timed_step(model, example_inputs, backend)[0])
+        fastest = min(fastest, timed_step(model, example_inputs, backend)[0])
         model.zero_grad(set_to_none=True)
-    return times
+    return fastest
 
 
 def measured_step_ratio(
@@ -152,11 +152,11 @@ def measured_step_ratio(
         try:
             timed_step(model, example_inputs, backend)  # first calls build caches
             model.zero_grad(set_to_none=True)
-            planned = min(_steps(model, example_inputs, backend))
+            planned = _fastest_step(model, example_inputs, backend)
         finally:
             for name in wrapped:
                 parent_name, _, leaf = name.rpartition(".")
                 parent = model.get_submodule(parent_name)
                 setattr(parent, leaf, getattr(parent, leaf).module)
-        plain = min(_steps(model, example_inputs, backend))
+        plain = _fastest_step(model, example_inputs, backend)
     return planned / plain

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -69,7 +70,6 @@ class ModuleProfile:
     written_bytes: int = 0
     recomputed_bytes: int = 0
     ops: list[OpCall] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -107,6 +107,7 @@ class _Recorder(TorchDispatchMode):
         self.ids: dict[int, int] = {}
         self.storage_bytes: dict[int, int] = {}
         self.stack: list[ModuleProfile] = []
+        self.occurrences: Counter[tuple[str, str]] = Counter()  # (module, operator) calls
         self.operator_time = 0.0
         self.per_operator = backend.is_asynchronous and not backend.is_lazy
 
@@ -157,8 +158,8 @@ class _Recorder(TorchDispatchMode):
                 module.recomputed_time += elapsed
                 module.recomputed_bytes += written
             if module.children:
-                occurrence = module.counts.get(name, 0)
-                module.counts[name] = occurrence + 1
+                occurrence = self.occurrences[module.name, name]
+                self.occurrences[module.name, name] += 1
                 call = OpCall(
                     name,
                     occurrence,

@@ -16,8 +16,8 @@ of some operators and lets everything else be recomputed in backward. Two polici
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -97,26 +97,35 @@ def unavailable_reason() -> str | None:
     return api if isinstance(api, str) else None
 
 
+def _api() -> tuple[Any, Any]:
+    """Return torch's ``(create_selective_checkpoint_contexts, CheckpointPolicy)``, or raise."""
+    api = selective_checkpoint_api()
+    if isinstance(api, str):
+        raise RuntimeError(f"checkpointing: operator-grain checkpointing is unavailable: {api}.")
+    return api
+
+
+def _outside_hooks(contexts: tuple[Any, Any]) -> tuple[Any, Any]:
+    forward, recompute = contexts
+    # Our checkpoint keeps its activations through saved-tensor hooks; the cache must
+    # stay outside them, or its kept outputs would be dropped like the rest.
+    keep_selective_cache_outside_hooks(forward)
+    return forward, recompute
+
+
 def selective_context_fn() -> ContextFn:
     """Return a ``context_fn`` that keeps :data:`SAVED_OPERATORS` outputs, recomputes the rest.
 
     Raises:
         RuntimeError: If this torch has no selective-checkpoint API (torch 2.4).
     """
-    api = selective_checkpoint_api()
-    if isinstance(api, str):
-        raise RuntimeError(f"checkpointing: operator-grain checkpointing is unavailable: {api}.")
-    create, policy = api
+    create, policy = _api()
 
     def choose(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         return policy.MUST_SAVE if func in SAVED_OPERATORS else policy.PREFER_RECOMPUTE
 
     def context_fn() -> Any:
-        forward, recompute = create(choose)
-        # Our checkpoint keeps its activations through saved-tensor hooks; the cache
-        # must stay outside them, or its kept outputs would be dropped like the rest.
-        keep_selective_cache_outside_hooks(forward)
-        return forward, recompute
+        return _outside_hooks(create(choose))
 
     result: Callable[[], Any] = context_fn
     return result
@@ -175,20 +184,11 @@ class _KeptCallsGuard(TorchDispatchMode):
         return out
 
 
-class _GuardedForward:
-    """torch's caching forward context with the guard entered inside it."""
-
-    def __init__(self, forward: Any, guard: _KeptCallsGuard) -> None:
-        self.forward = forward
-        self.guard = guard
-        self.stack = ExitStack()
-
-    def __enter__(self) -> None:
-        self.stack.enter_context(self.forward)
-        self.stack.enter_context(self.guard)
-
-    def __exit__(self, *exc: object) -> None:
-        self.stack.close()
+@contextmanager
+def _guarded(forward: Any, guard: _KeptCallsGuard) -> Iterator[None]:
+    """Enter torch's caching forward context, then the guard inside it."""
+    with forward, guard:
+        yield
 
 
 def kept_calls_context_fn(kept: Iterable[tuple[str, int]], owner: str = "") -> ContextFn:
@@ -203,10 +203,7 @@ def kept_calls_context_fn(kept: Iterable[tuple[str, int]], owner: str = "") -> C
         RuntimeError: If this torch has no selective-checkpoint API (torch 2.4).
     """
     wanted = frozenset(kept)
-    api = selective_checkpoint_api()
-    if isinstance(api, str):
-        raise RuntimeError(f"checkpointing: operator-grain checkpointing is unavailable: {api}.")
-    policy = api[1]
+    create, policy = _api()
     names: dict[Any, str] = {}
 
     def context_fn() -> Any:
@@ -221,11 +218,10 @@ def kept_calls_context_fn(kept: Iterable[tuple[str, int]], owner: str = "") -> C
             decision.kept = (name, occurrence) in wanted
             return policy.MUST_SAVE if decision.kept else policy.PREFER_RECOMPUTE
 
-        forward, recompute = selective_contexts(choose)
-        keep_selective_cache_outside_hooks(forward)
+        forward, recompute = _outside_hooks(selective_contexts(create, choose))
         if torch.compiler.is_compiling():  # traced ops are functional; nothing to guard
             return forward, recompute
-        return _GuardedForward(forward, _KeptCallsGuard(owner, decision)), recompute
+        return _guarded(forward, _KeptCallsGuard(owner, decision)), recompute
 
     result: Callable[[], Any] = context_fn
     return result

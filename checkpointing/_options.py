@@ -1,0 +1,132 @@
+"""The ways to checkpoint one module, and what each saves and costs.
+
+For every candidate module (one that runs once per step, has submodules and does not
+receive one tensor as several arguments) the options are: the whole module (keep its
+inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
+:mod:`._selective`); and one selective checkpoint per prefix of the measured units
+(:mod:`._kept_ops`). Each option's bytes saved are exclusive to the module; its time is
+the recomputation's, to which :func:`priced` adds the selective policy's overhead.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from accel._compat import selective_cache_allows_mutation
+
+from ._kept_ops import Unit, find_units, keep_options
+from ._plan import FULL, MEASURED, SELECTIVE
+from ._profile import StepProfile
+
+__all__ = ["Option", "candidates", "priced", "storage_bytes"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to checkpoint a module: its decision, bytes saved and recompute time."""
+
+    decision: str
+    saved_bytes: int  # activation bytes removed (negative: added)
+    seconds: float
+    kept: frozenset[int]
+    kind: str = "module"
+    calls: tuple[tuple[str, int], ...] = ()
+    policy_calls: int = 0  # operator calls a selective policy sees
+    kept_count: int = 0  # of those, the kept ones
+
+
+def priced(
+    options: dict[str, list[Option]], overhead: tuple[float, float]
+) -> dict[str, list[Option]]:
+    """``options`` with the selective policy's ``overhead`` (per call, per kept call) added."""
+    per_call, per_kept = overhead
+    return {
+        name: [
+            replace(o, seconds=o.seconds + per_call * o.policy_calls + per_kept * o.kept_count)
+            for o in module_options
+        ]
+        for name, module_options in options.items()
+    }
+
+
+def storage_bytes(profile: StepProfile, indices: Iterable[int]) -> int:
+    """The bytes of the distinct storages ``indices`` name in ``profile``."""
+    return sum(profile.storage_bytes[index] for index in set(indices))
+
+
+def _kept_summary(units: list[Unit]) -> str:
+    """``ops kept: addmm x3, bernoulli_ x2``: what a measured option keeps, by label."""
+    counts = Counter(unit.label for unit in units)
+    return "ops kept: " + ", ".join(
+        f"{label} x{count}" if count > 1 else label for label, count in counts.items()
+    )
+
+
+def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
+    """The ways to checkpoint module ``name``, with their exclusive savings.
+
+    A selective option's recompute time is the module's forward time, less the own
+    time of the operators it keeps; :func:`priced` adds the policy's overhead
+    (:mod:`._overhead`).
+    """
+    record = profile.modules[name]
+    owned = {
+        index
+        for index, stacks in profile.saved_by.items()
+        if all(name in stack for stack in stacks)
+    }
+
+    def option(decision: str, seconds: float, kept: frozenset[int], **more: Any) -> Option:
+        saved = storage_bytes(profile, owned - kept) - storage_bytes(
+            profile, kept - profile.saved_by.keys()
+        )
+        return Option(decision, saved, seconds, kept, **more)
+
+    inputs = frozenset(record.inputs)
+    options = [option(FULL, record.forward_time, inputs)]
+    if not selective:
+        return options
+    calls = len(record.ops)
+    options.append(
+        option(
+            SELECTIVE,
+            record.recomputed_time,
+            inputs | record.cached,
+            kind="ops: pointwise, dropout, norm",
+            policy_calls=calls,
+            kept_count=len(record.cached),
+        )
+    )
+    units = find_units(record.ops, selective_cache_allows_mutation())
+    for prefix in keep_options(units, profile.storage_bytes, record.inputs):
+        chosen = [units[number] for number in prefix]
+        kept_calls = tuple(sorted(call for unit in chosen for call in unit.calls))
+        options.append(
+            option(
+                MEASURED,
+                max(record.forward_time - sum(unit.seconds for unit in chosen), 0.0),
+                inputs.union(*(unit.storages for unit in chosen)),
+                kind=_kept_summary(chosen),
+                calls=kept_calls,
+                policy_calls=calls,
+                kept_count=len(kept_calls),
+            )
+        )
+    return options
+
+
+def candidates(profile: StepProfile, selective: bool) -> dict[str, list[Option]]:
+    """Every candidate module's options, before the policy's overhead."""
+    return {
+        name: _options(profile, name, selective)
+        for name in profile.modules
+        if _is_candidate(profile, name)
+    }
+
+
+def _is_candidate(profile: StepProfile, name: str) -> bool:
+    record = profile.modules[name]
+    return bool(name) and record.calls == 1 and bool(record.children) and not record.repeated_input
