@@ -18,12 +18,18 @@ def _forget_fake_modules() -> None:
         del sys.modules[name]
 
 
+def _install(monkeypatch: pytest.MonkeyPatch, site: str) -> Path:
+    """Put the fake distributions under ``tests/data/<site>`` on sys.path."""
+    path = DATA / site
+    monkeypatch.syspath_prepend(str(path))
+    accel.reset_backends()
+    return path
+
+
 @pytest.fixture
 def plugin_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Install (on sys.path) accel-fake-plugins 1.0 and its six entry points."""
-    path = DATA / "plugins_site"
-    monkeypatch.syspath_prepend(str(path))
-    accel.reset_backends()
+    path = _install(monkeypatch, "plugins_site")
     yield path
     _forget_fake_modules()
 
@@ -31,9 +37,7 @@ def plugin_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @pytest.fixture
 def conflict_site(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Also install accel-fake-dupe 2.0, a second provider of ``fakeok``."""
-    path = DATA / "conflict_site"
-    monkeypatch.syspath_prepend(str(path))
-    accel.reset_backends()
+    path = _install(monkeypatch, "conflict_site")
     return path
 
 
@@ -41,9 +45,7 @@ def conflict_site(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def fallback_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Install accel-fake-fallback 1.0: ``fakefailing`` (priority 500) looks available
     and its factory raises."""
-    path = DATA / "fallback_site"
-    monkeypatch.syspath_prepend(str(path))
-    accel.reset_backends()
+    path = _install(monkeypatch, "fallback_site")
     yield path
     _forget_fake_modules()
 
@@ -51,8 +53,6 @@ def fallback_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @pytest.fixture
 def reserved_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Install accel-fake-reserved 1.0, which offers ``cpu`` (reserved) and ``fakeextra``."""
-    path = DATA / "reserved_site"
-    monkeypatch.syspath_prepend(str(path))
-    accel.reset_backends()
+    path = _install(monkeypatch, "reserved_site")
     yield path
     _forget_fake_modules()

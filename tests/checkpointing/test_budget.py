@@ -22,6 +22,14 @@ needs_selective = pytest.mark.skipif(
 )
 
 
+# A plan's figures do not matter to apply(); only its decisions do.
+_FIELDS: dict[str, Any] = {
+    "rows": (),
+    **dict.fromkeys(("plain_bytes", "estimated_bytes", "budget_bytes"), 1),
+    **dict.fromkeys(("estimated_step_time_ratio", "step_seconds"), 1.0),
+}
+
+
 class Block(nn.Module):
     def __init__(self, width: int = 32) -> None:
         super().__init__()
@@ -94,15 +102,7 @@ def test_budget_is_bit_exact_with_dropout_and_fits(budget: float) -> None:
 @pytest.mark.parametrize("decision", [FULL, SELECTIVE])
 def test_each_grain_is_bit_exact_with_dropout(decision: str) -> None:
     plain, model, x = _model(), _model(), _inputs()
-    plan = CheckpointPlan(
-        decisions={"blocks.0": decision, "blocks.2": decision},
-        rows=(),
-        plain_bytes=1,
-        estimated_bytes=1,
-        estimated_step_time_ratio=1.0,
-        budget_bytes=1,
-        step_seconds=1.0,
-    )
+    plan = CheckpointPlan(decisions={"blocks.0": decision, "blocks.2": decision}, **_FIELDS)
     assert plan.apply(model) == ["blocks.0", "blocks.2"]
     kind = SelectiveCheckpointWrapper if decision == SELECTIVE else checkpointing.CheckpointWrapper
     assert type(model.blocks[0]) is kind
@@ -115,17 +115,9 @@ def test_selective_keeps_matmul_outputs_and_saves_less_than_plain() -> None:
     plain, model, x = _model(), _model(), _inputs()
     decisions = {f"blocks.{i}": SELECTIVE for i in range(4)}
     full = {f"blocks.{i}": FULL for i in range(4)}
-    fields: dict[str, Any] = dict(
-        rows=(),
-        plain_bytes=1,
-        estimated_bytes=1,
-        estimated_step_time_ratio=1.0,
-        budget_bytes=1,
-        step_seconds=1.0,
-    )
-    CheckpointPlan(decisions=decisions, **fields).apply(model)
+    CheckpointPlan(decisions=decisions, **_FIELDS).apply(model)
     whole = _model()
-    CheckpointPlan(decisions=full, **fields).apply(whole)
+    CheckpointPlan(decisions=full, **_FIELDS).apply(whole)
     assert _live_bytes(whole, x) < _live_bytes(model, x) < _live_bytes(plain, x)
 
 

@@ -294,3 +294,40 @@ def test_explicit_use_reentrant_does_not_warn() -> None:
     x = torch.randn(3, requires_grad=True)
     assert _warnings(lambda: checkpoint(torch.sin, x, use_reentrant=True)) == []
     assert _warnings(lambda: checkpoint(torch.sin, x, use_reentrant=False)) == []
+
+
+# Bug 3: torch.func.vmap --------------------------------------------------------------------
+
+
+@pytest.mark.skipif(
+    not _compat.checkpoint_supports_vmap(),
+    reason=f"torch {torch.__version__}'s own non-reentrant checkpoint does not support vmap "
+    "(_NoopSaveInputs has no vmap rule; fixed by pytorch#174327, present in 2.13)",
+)
+def test_vmap_over_the_non_reentrant_checkpoint() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(4, 4)
+
+    def fn(v: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(v @ weight).sum()
+
+    xs = torch.randn(5, 4, requires_grad=True)
+    got = torch.func.vmap(lambda v: checkpoint(fn, v, use_reentrant=False))(xs)
+    assert torch.equal(got, torch.func.vmap(fn)(xs))
+
+    # Back-propagating through the vmapped checkpoint behaves as torch's own does.
+    def scenario(run: Callable[..., Any]) -> None:
+        out = torch.func.vmap(lambda v: run(fn, v, use_reentrant=False))(xs)
+        torch.autograd.grad(out.square().sum(), xs)
+
+    try:
+        theirs, ours = _both_errors(scenario)
+    except pytest.fail.Exception:  # a torch where it works: the gradients must agree
+        expected = torch.autograd.grad(torch.func.vmap(fn)(xs).square().sum(), xs)
+        got_grad = torch.autograd.grad(
+            torch.func.vmap(lambda v: checkpoint(fn, v, use_reentrant=False))(xs).square().sum(),
+            xs,
+        )
+        assert torch.equal(got_grad[0], expected[0])
+    else:
+        assert ours == theirs

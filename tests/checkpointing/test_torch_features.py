@@ -1,5 +1,5 @@
 """torch's checkpoint features beyond errors: saved inputs, GraphExecGroup, selective
-checkpointing, vmap, the devices' generators, rebinding, and torch 2.15's additions.
+checkpointing, the devices' generators, rebinding, and torch 2.15's additions.
 
 Where torch defines the behaviour, the same scenario runs through torch's checkpoint and
 ours, so each test holds on every supported torch release.
@@ -25,19 +25,6 @@ CHECKPOINTS = [
     pytest.param(torch_checkpoint.checkpoint, id="torch"),
     pytest.param(checkpoint, id="accel"),
 ]
-
-
-def _error(run: Callable[[], Any]) -> BaseException:
-    with pytest.raises(BaseException) as info:
-        run()
-    return info.value
-
-
-def _both_errors(scenario: Callable[[Callable[..., Any]], Any]) -> tuple[str, str]:
-    theirs = _error(lambda: scenario(torch_checkpoint.checkpoint))
-    ours = _error(lambda: scenario(checkpoint))
-    assert type(ours) is type(theirs)
-    return str(theirs), str(ours)
 
 
 # Saved inputs, GraphExecGroup, selective checkpointing --------------------------------------
@@ -101,43 +88,6 @@ def test_selective_checkpoint_policy_as_context_fn() -> None:
     checkpoint(model, x, use_reentrant=False, context_fn=context_fn).sum().backward()
     got = [p.grad for p in model.parameters()] + [x.grad]
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
-
-
-# Bug 3: torch.func.vmap --------------------------------------------------------------------
-
-
-@pytest.mark.skipif(
-    not _compat.checkpoint_supports_vmap(),
-    reason=f"torch {torch.__version__}'s own non-reentrant checkpoint does not support vmap "
-    "(_NoopSaveInputs has no vmap rule; fixed by pytorch#174327, present in 2.13)",
-)
-def test_vmap_over_the_non_reentrant_checkpoint() -> None:
-    torch.manual_seed(0)
-    weight = torch.randn(4, 4)
-
-    def fn(v: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(v @ weight).sum()
-
-    xs = torch.randn(5, 4, requires_grad=True)
-    got = torch.func.vmap(lambda v: checkpoint(fn, v, use_reentrant=False))(xs)
-    assert torch.equal(got, torch.func.vmap(fn)(xs))
-
-    # Back-propagating through the vmapped checkpoint behaves as torch's own does.
-    def scenario(run: Callable[..., Any]) -> None:
-        out = torch.func.vmap(lambda v: run(fn, v, use_reentrant=False))(xs)
-        torch.autograd.grad(out.square().sum(), xs)
-
-    try:
-        theirs, ours = _both_errors(scenario)
-    except pytest.fail.Exception:  # a torch where it works: the gradients must agree
-        expected = torch.autograd.grad(torch.func.vmap(fn)(xs).square().sum(), xs)
-        got_grad = torch.autograd.grad(
-            torch.func.vmap(lambda v: checkpoint(fn, v, use_reentrant=False))(xs).square().sum(),
-            xs,
-        )
-        assert torch.equal(got_grad[0], expected[0])
-    else:
-        assert ours == theirs
 
 
 # Bug 4: the generators of the devices the inputs live on ------------------------------------

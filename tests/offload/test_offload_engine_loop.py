@@ -19,14 +19,10 @@ from offload import (
     OffloadConfigError,
     OffloadError,
     OffloadModel,
-    _transfer,
     offload_parameters,
 )
 
-
-@pytest.fixture(autouse=True)
-def copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
+pytestmark = pytest.mark.usefixtures("copies")
 
 
 def make(seed: int = 0) -> nn.Sequential:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from checkpointing import checkpoint
-from offload import Engine, OffloadModel, State, _transfer, offload_parameters
+from offload import Engine, OffloadModel, State, offload_parameters
 
 
 class Boom(RuntimeError):
@@ -61,13 +61,6 @@ class FailInBackward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _RaiseInBackward.apply(x, self)
-
-
-@pytest.fixture(params=["zero-copy", "copy"])
-def copy_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    if request.param == "copy":
-        monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
-    return bool(request.param == "copy")
 
 
 def layers(fault: nn.Module) -> list[nn.Module]:

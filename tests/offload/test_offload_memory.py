@@ -19,15 +19,13 @@ import torch
 from torch import nn
 
 from checkpointing import checkpoint
-from offload import Engine, OffloadModel, State, _transfer, offload_parameters
+from offload import Engine, OffloadModel, State, offload_parameters
 
 STEPS = 200
 WARMUP = 20
 
 
-@pytest.fixture(autouse=True)
-def copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
+pytestmark = pytest.mark.usefixtures("copies")
 
 
 def live_tensors() -> int:

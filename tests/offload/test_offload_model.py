@@ -31,18 +31,10 @@ from offload import (
     OffloadModel,
     State,
     UnsupportedModelError,
-    _transfer,
 )
 from offload._storage import partition
 
 GRAD_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
-
-
-@pytest.fixture(params=["zero-copy", "copy"])
-def copy_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    if request.param == "copy":
-        monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
-    return bool(request.param == "copy")
 
 
 def make_layers(seed: int = 0, dropout: float = 0.0) -> nn.Sequential:

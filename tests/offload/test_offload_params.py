@@ -16,15 +16,8 @@ import torch
 from torch import nn
 
 from checkpointing import checkpoint
-from offload import OffloadConfigError, OffloadStateError, State, _transfer, offload_parameters
+from offload import OffloadConfigError, OffloadStateError, State, offload_parameters
 from offload._state import StateMachine
-
-
-@pytest.fixture(params=["zero-copy", "copy"])
-def copy_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    if request.param == "copy":
-        monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
-    return bool(request.param == "copy")
 
 
 class Block(nn.Module):

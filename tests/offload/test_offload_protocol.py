@@ -14,12 +14,9 @@ import torch
 from torch import nn
 
 from accel.testing import RecordingBackend
-from offload import OffloadModel, _transfer, offload_parameters
+from offload import OffloadModel, offload_parameters
 
-
-@pytest.fixture(autouse=True)
-def copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
+pytestmark = pytest.mark.usefixtures("copies")
 
 
 def make(count: int = 6) -> nn.Sequential:

@@ -14,19 +14,7 @@ import torch
 from torch import nn
 
 from accel import _compat
-from offload import OffloadModel, ParameterOffload, _transfer, offload_parameters
-
-
-@pytest.fixture(params=["zero-copy", "copy"])
-def copy_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    if request.param == "copy":
-        monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
-    return bool(request.param == "copy")
-
-
-@pytest.fixture
-def copies(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
+from offload import OffloadModel, ParameterOffload, offload_parameters
 
 
 class Tied(nn.Module):
@@ -107,16 +95,18 @@ def test_a_module_whose_weight_is_shared_loads_it_when_it_runs(copies: None) -> 
 # 2. Gradients belong to the user ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("wrapper", ["offload_parameters", "OffloadModel"])
-def test_a_kept_gradient_is_never_rewritten(copies: None, wrapper: str) -> None:
+def _offloaded(wrapper: str) -> tuple[nn.Sequential, nn.Module, list[ParameterOffload]]:
+    """Three layers offloaded by ``wrapper``: the layers, what to call, the handles."""
     torch.manual_seed(0)
     layers = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
-    model: nn.Module = layers
-    handles = []
     if wrapper == "offload_parameters":
-        handles.append(offload_parameters(layers))
-    else:
-        model = OffloadModel(layers, num_slices=2)
+        return layers, layers, [offload_parameters(layers)]
+    return layers, OffloadModel(layers, num_slices=2), []
+
+
+@pytest.mark.parametrize("wrapper", ["offload_parameters", "OffloadModel"])
+def test_a_kept_gradient_is_never_rewritten(copies: None, wrapper: str) -> None:
+    layers, model, handles = _offloaded(wrapper)
     first = layers[0].weight
     model(torch.randn(3, 4)).sum().backward()
     kept = first.grad
@@ -199,14 +189,7 @@ def _changed_in_place(model: nn.Module) -> torch.Tensor:
 
 @pytest.mark.parametrize("wrapper", ["offload_parameters", "OffloadModel"])
 def test_the_autocast_cache_keeps_no_cast_of_offloaded_weights(copies: None, wrapper: str) -> None:
-    torch.manual_seed(0)
-    layers = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
-    model: nn.Module = layers
-    handles = []
-    if wrapper == "offload_parameters":
-        handles.append(offload_parameters(layers))
-    else:
-        model = OffloadModel(layers, num_slices=2)
+    _, model, _ = _offloaded(wrapper)
     again = _changed_in_place(model)
     assert torch.is_autocast_cache_enabled()
     with torch.autocast("cpu", dtype=torch.bfloat16):
