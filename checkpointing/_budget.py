@@ -1,9 +1,12 @@
 """``plan_checkpointing``: the fastest checkpointing that fits a memory budget.
 
 From one profiled step (:mod:`._profile`), every module that runs once per step and
-has submodules is a candidate at three grains (:mod:`._options`): the whole module (keep only its
-inputs); its cheap operators by class (keep its inputs and its matmul and attention
-outputs, recompute pointwise activations, dropout and normalisation); and its
+has submodules is a candidate at four grains (:mod:`._options`): its saved tensors
+(drop those a few cheap operators recompute from tensors that stay saved, pack host
+dropout masks into booleans: :mod:`._saved_grain`; nothing runs twice); the whole
+module (keep only its inputs); its cheap operators by class (keep its inputs and its
+matmul and attention outputs, recompute pointwise activations, dropout and
+normalisation); and its
 operator calls by measured cost (keep the calls that save the most recompute time per
 byte, :mod:`._kept_ops`; this is what keeps a host's dropout masks, whose random
 draws cost more than the matmuls around them). Each choice saves some activation
@@ -13,6 +16,7 @@ enough for the budget in the least time.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -25,6 +29,7 @@ from accel import Accelerator
 from ._args import resolve_backend, validate_budget
 from ._options import Option, candidates, priced, storage_bytes
 from ._overhead import measured_step_ratio, selective_overhead
+from ._packed import pack_seconds
 from ._plan import KEEP, MEASURED, CheckpointPlan, PlanRow
 from ._profile import StepProfile, profile_step
 from ._selective import unavailable_reason
@@ -42,7 +47,7 @@ def _estimate(profile: StepProfile, chosen: dict[str, Option]) -> int:
             kept.add(index)
     for option in chosen.values():
         kept |= option.kept
-    return storage_bytes(profile, kept)
+    return storage_bytes(profile, kept) + sum(option.extra_bytes for option in chosen.values())
 
 
 class _Knapsack:
@@ -150,7 +155,7 @@ def _rows(
     """One row per chosen module, and per kept module at the level of repeated blocks."""
     if name in chosen:
         option = chosen[name]
-        kept = storage_bytes(profile, option.kept)
+        kept = storage_bytes(profile, option.kept) + option.extra_bytes
         return [PlanRow(name, option.kind, option.decision, kept, option.seconds)]
     below = _frontier(profile, knapsack, name)
     inside = any(other.startswith(f"{name}.") for other in chosen)
@@ -196,7 +201,9 @@ def plan_checkpointing(
             operator class (recompute pointwise operators, dropout and normalisation
             inside a module; keep matmul and attention outputs), and by measured call
             (keep the calls that save the most recompute time per byte). Unavailable
-            before torch 2.5.
+            before torch 2.5. Whole modules and the saved-tensor grain (drop saved
+            tensors that cheap operators recompute from kept ones, pack host dropout
+            masks) are always considered.
 
     Returns:
         The plan; ``plan.apply(model)`` carries it out.
@@ -215,16 +222,25 @@ def plan_checkpointing(
     note = ""
     reason = unavailable_reason() if selective else None
     if reason is not None:
-        selective, note = False, f"operator grain unavailable, whole modules only: {reason}."
+        selective, note = (
+            False,
+            (f"operator grain unavailable (whole modules and saved tensors only): {reason}."),
+        )
     profile = profile_step(model, example_inputs, backend)
     plain = profile.plain_bytes
     budget = (
         math.floor(memory_budget * plain) if isinstance(memory_budget, float) else memory_budget
     )
-    unpriced = candidates(profile, selective)
+    device = backend.device()
+    unpriced = candidates(
+        profile,
+        selective,
+        functools.cache(lambda geometry: pack_seconds(geometry, device, backend)),
+    )
     overhead = selective_overhead(backend) if selective else (0.0, 0.0)
     knapsack, chosen = _choose(profile, budget, priced(unpriced, overhead), memory_budget)
-    if any(option.policy_calls for option in chosen.values()):
+    timed = any(option.policy_calls for option in chosen.values())
+    if timed:
         draft = _plan(profile, knapsack, chosen, budget, "")
         measured = measured_step_ratio(model, example_inputs, backend, draft.apply)
         calls = sum(option.policy_calls for option in chosen.values())
@@ -236,8 +252,8 @@ def plan_checkpointing(
     if selective:
         note = (
             f"selective policy overhead on this backend: {overhead[0] * 1e6:.1f} us per "
-            f"operator call, {overhead[1] * 1e6:.1f} us more per kept call (a first plan "
-            "timed in place)."
+            f"operator call, {overhead[1] * 1e6:.1f} us more per kept call"
+            + (" (a first plan timed in place)." if timed else ".")
         )
     return _plan(profile, knapsack, chosen, budget, note)
 
@@ -300,5 +316,8 @@ def _plan(
         note=note,
         kept_calls={
             name: option.calls for name, option in chosen.items() if option.decision == MEASURED
+        },
+        saved_plans={
+            name: option.saved for name, option in chosen.items() if option.saved is not None
         },
     )

@@ -1,8 +1,9 @@
 """The ways to checkpoint one module, and what each saves and costs.
 
 For every candidate module (one that runs once per step, has submodules and does not
-receive one tensor as several arguments) the options are: the whole module (keep its
-inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
+receive one tensor as several arguments) the options are: one saved-tensor plan per
+prefix of its greedy drop and pack units (:mod:`._saved_grain`); the whole module (keep
+its inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
 :mod:`._selective`); and one selective checkpoint per prefix of the measured units
 (:mod:`._kept_ops`). Each option's bytes saved are exclusive to the module; its time is
 the recomputation's, to which :func:`priced` adds the selective policy's overhead.
@@ -11,15 +12,17 @@ the recomputation's, to which :func:`priced` adds the selective policy's overhea
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from accel._compat import selective_cache_allows_mutation
 
 from ._kept_ops import Unit, find_units, keep_options
-from ._plan import FULL, MEASURED, SELECTIVE
+from ._plan import FULL, MEASURED, SAVED, SELECTIVE
 from ._profile import StepProfile
+from ._replay import Geometry
+from ._saved_grain import DROP, PACK, SavedPlan, saved_plan, saved_units
 
 __all__ = ["Option", "candidates", "priced", "storage_bytes"]
 
@@ -36,6 +39,8 @@ class Option:
     calls: tuple[tuple[str, int], ...] = ()
     policy_calls: int = 0  # operator calls a selective policy sees
     kept_count: int = 0  # of those, the kept ones
+    extra_bytes: int = 0  # bytes held outside ``kept``: packed masks
+    saved: SavedPlan | None = None
 
 
 def priced(
@@ -65,7 +70,9 @@ def _kept_summary(units: list[Unit]) -> str:
     )
 
 
-def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
+def _options(
+    profile: StepProfile, name: str, selective: bool, price: Callable[[Geometry], float] | None
+) -> list[Option]:
     """The ways to checkpoint module ``name``, with their exclusive savings.
 
     A selective option's recompute time is the module's forward time, less the own
@@ -87,6 +94,26 @@ def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
 
     inputs = frozenset(record.inputs)
     options = [option(FULL, record.forward_time, inputs)]
+    for prefix in saved_units(profile, name, price):
+        dropped = {i for unit in prefix if unit.action == DROP for i in unit.storages}
+        packed = {i for unit in prefix if unit.action == PACK for i in unit.storages}
+        packed_bytes = sum(
+            storage_bytes(profile, unit.storages) - unit.saved_bytes
+            for unit in prefix
+            if unit.action == PACK
+        )
+        read = frozenset[int]().union(*(unit.inputs for unit in prefix))
+        kept = frozenset(owned - dropped - packed) | read
+        plan = saved_plan(profile, name, prefix)
+        base = option(SAVED, sum(unit.seconds for unit in prefix), kept, kind=plan.summary)
+        options.append(
+            replace(
+                base,
+                saved_bytes=base.saved_bytes - packed_bytes,
+                extra_bytes=packed_bytes,
+                saved=plan,
+            )
+        )
     if not selective:
         return options
     calls = len(record.ops)
@@ -100,9 +127,9 @@ def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
             kept_count=len(record.cached),
         )
     )
-    units = find_units(record.ops, selective_cache_allows_mutation())
-    for prefix in keep_options(units, profile.storage_bytes, record.inputs):
-        chosen = [units[number] for number in prefix]
+    measured = find_units(record.ops, selective_cache_allows_mutation())
+    for numbers in keep_options(measured, profile.storage_bytes, record.inputs):
+        chosen = [measured[number] for number in numbers]
         kept_calls = tuple(sorted(call for unit in chosen for call in unit.calls))
         options.append(
             option(
@@ -118,10 +145,16 @@ def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
     return options
 
 
-def candidates(profile: StepProfile, selective: bool) -> dict[str, list[Option]]:
-    """Every candidate module's options, before the policy's overhead."""
+def candidates(
+    profile: StepProfile, selective: bool, price: Callable[[Geometry], float] | None = None
+) -> dict[str, list[Option]]:
+    """Every candidate module's options, before the policy's overhead.
+
+    ``price`` gives the measured seconds to pack and rebuild a dropout mask of a
+    geometry (:func:`._packed.pack_seconds`); without it they are estimated.
+    """
     return {
-        name: _options(profile, name, selective)
+        name: _options(profile, name, selective, price)
         for name in profile.modules
         if _is_candidate(profile, name)
     }

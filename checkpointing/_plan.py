@@ -11,6 +11,8 @@ from torch import nn
 from accel import Accelerator
 
 from ._checkpoint import run_checkpoint
+from ._saved_grain import SavedPlan
+from ._saved_wrapper import SavedTensorWrapper
 from ._selective import kept_calls_context_fn, selective_context_fn
 from ._wrapper import CheckpointWrapper, checkpoint_wrapper
 
@@ -18,6 +20,7 @@ __all__ = [
     "FULL",
     "KEEP",
     "MEASURED",
+    "SAVED",
     "SELECTIVE",
     "CheckpointPlan",
     "PlanRow",
@@ -28,6 +31,7 @@ KEEP = "keep"
 FULL = "checkpoint"
 SELECTIVE = "recompute cheap ops"
 MEASURED = "keep costly ops"
+SAVED = "recompute saved"
 
 
 class SelectiveCheckpointWrapper(CheckpointWrapper):
@@ -99,8 +103,9 @@ class CheckpointPlan:
 
     Attributes:
         decisions: Qualified module name to ``"checkpoint"`` (whole module),
-            ``"recompute cheap ops"`` (selective by operator class) or ``"keep costly
-            ops"`` (selective by measured call), in visiting order.
+            ``"recompute cheap ops"`` (selective by operator class), ``"keep costly
+            ops"`` (selective by measured call) or ``"recompute saved"`` (saved-tensor
+            grain), in visiting order.
         rows: The table's rows.
         plain_bytes: Activation bytes of the plain model (autograd-saved storages).
         estimated_bytes: Activation bytes expected under the plan.
@@ -114,6 +119,9 @@ class CheckpointPlan:
         note: Why a grain was unavailable, or empty.
         kept_calls: For each ``"keep costly ops"`` module, the ``(operator,
             occurrence)`` calls whose outputs it keeps.
+        saved_plans: For each ``"recompute saved"`` module (saved-tensor grain: some
+            of its saved tensors recomputed from others or packed, nothing
+            checkpointed whole), what becomes of each saved tensor.
     """
 
     decisions: dict[str, str]
@@ -127,6 +135,7 @@ class CheckpointPlan:
     device_peak_bytes: int | None = None
     note: str = ""
     kept_calls: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    saved_plans: dict[str, SavedPlan] = field(default_factory=dict)
 
     def apply(
         self,
@@ -169,10 +178,20 @@ class CheckpointPlan:
                     "but names none in kept_calls. Use a plan made by plan_checkpointing, "
                     "or give kept_calls an entry for every 'keep costly ops' module."
                 )
+            if self.decisions[name] == SAVED and name not in self.saved_plans:
+                raise ValueError(
+                    f"checkpointing: this plan recomputes saved tensors of {name!r} but "
+                    "has no saved plan for it. Use a plan made by plan_checkpointing, or "
+                    "give saved_plans an entry for every 'recompute saved' module."
+                )
             targets.append((name, parent, leaf, child))
         for name, parent, leaf, child in targets:
-            if self.decisions[name] in (SELECTIVE, MEASURED):
-                wrapper: nn.Module = SelectiveCheckpointWrapper(
+            if self.decisions[name] == SAVED:
+                wrapper: nn.Module = SavedTensorWrapper(
+                    child, self.saved_plans[name], backend=backend
+                )
+            elif self.decisions[name] in (SELECTIVE, MEASURED):
+                wrapper = SelectiveCheckpointWrapper(
                     child,
                     preserve_rng_state=preserve_rng_state,
                     backend=backend,

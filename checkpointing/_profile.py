@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_flatten
 
 from accel import Accelerator
 
+from ._replay import Geometry, Ref, replayable, template_of
 from ._selective import is_saved_operator, written_tensors
 
 __all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step", "timed_step", "untouched"]
@@ -52,6 +53,9 @@ class OpCall:
     mutated: tuple[int, ...]
     read: tuple[int, ...]
     random: bool
+    func: Any = None
+    template: Any = None  # (args, kwargs) with tensors as Refs; None if not replayable
+    outputs: tuple[int | None, ...] = ()  # each output tensor's new storage, or None
 
 
 @dataclass
@@ -70,6 +74,8 @@ class ModuleProfile:
     written_bytes: int = 0
     recomputed_bytes: int = 0
     ops: list[OpCall] = field(default_factory=list)
+    packs: list[tuple[int | None, Geometry]] = field(default_factory=list)
+    input_order: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -100,10 +106,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 class _Recorder(TorchDispatchMode):
     """Gives every new storage an id, and charges operators to the running modules."""
 
-    def __init__(self, backend: Accelerator, excluded: set[int]) -> None:
+    def __init__(self, backend: Accelerator, state_names: dict[int, str]) -> None:
         super().__init__()
         self.backend = backend
-        self.excluded = excluded
+        self.excluded = set(state_names)
+        self.state_names = state_names
         self.ids: dict[int, int] = {}
         self.storage_bytes: dict[int, int] = {}
         self.stack: list[ModuleProfile] = []
@@ -121,6 +128,14 @@ class _Recorder(TorchDispatchMode):
             self.storage_bytes[self.ids[pointer]] = storage.nbytes()
         return self.ids[pointer]
 
+    def ref(self, tensor: torch.Tensor) -> Ref | None:
+        """Where ``tensor`` came from: a parameter or buffer by name, else its storage."""
+        name = self.state_names.get(tensor.untyped_storage().data_ptr())
+        if name is not None:
+            return Ref("state", name, Geometry.of(tensor))
+        index = self.identify(tensor)
+        return None if index is None else Ref("storage", index, Geometry.of(tensor))
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         arguments = _tensors((args, kwargs))
@@ -133,12 +148,11 @@ class _Recorder(TorchDispatchMode):
         elapsed = time.perf_counter() - start
         self.operator_time += elapsed
         inputs = {t.untyped_storage().data_ptr() for t in arguments}
-        fresh = [
-            index
+        outputs = tuple(
+            None if t.untyped_storage().data_ptr() in inputs else self.identify(t, new=True)
             for t in _tensors(out)
-            if t.untyped_storage().data_ptr() not in inputs
-            and (index := self.identify(t, new=True)) is not None
-        ]
+        )
+        fresh = [index for index in outputs if index is not None]
         read = [index for t in arguments if (index := self.identify(t)) is not None]
         mutated = [
             index
@@ -149,6 +163,10 @@ class _Recorder(TorchDispatchMode):
         kept = is_saved_operator(func)
         name = str(func)
         random = torch.Tag.nondeterministic_seeded in func.tags
+        template = None
+        if replayable(func) and any(module.children for module in self.stack):
+            template, complete = template_of((args, kwargs), self.ref)
+            template = template if complete else None
         for module in self.stack:
             module.forward_time += elapsed
             module.written_bytes += written
@@ -168,6 +186,9 @@ class _Recorder(TorchDispatchMode):
                     tuple(dict.fromkeys(mutated)),
                     tuple(dict.fromkeys(read)),
                     random,
+                    func,
+                    template,
+                    outputs,
                 )
                 module.ops.append(call)
         return out
@@ -262,9 +283,14 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         modules[name].children = [
             names[id(child)] for child in module.children() if id(child) in names
         ]
-    state = [*model.parameters(), *model.buffers()]
-    excluded = {t.untyped_storage().data_ptr() for t in state}
-    recorder = _Recorder(backend, excluded)
+    state = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    state_names: dict[int, str] = {}
+    for state_name, tensor in state:
+        state_names.setdefault(tensor.untyped_storage().data_ptr(), state_name)
+    recorder = _Recorder(backend, state_names)
     saved_by: dict[int, set[tuple[str, ...]]] = {}
     lazy = backend.is_lazy
     started: dict[str, float] = {}
@@ -279,6 +305,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         record.repeated_input |= len({id(t) for t in tensors}) < len(tensors)
         for tensor in tensors:
             index = recorder.identify(tensor)
+            record.input_order.append(index)
             if index is not None:
                 record.inputs.add(index)
         if lazy:
@@ -298,6 +325,10 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         index = recorder.identify(tensor)
         if index is not None:
             saved_by.setdefault(index, set()).add(tuple(m.name for m in recorder.stack))
+        geometry = Geometry.of(tensor)
+        for record in recorder.stack:
+            if record.children:
+                record.packs.append((index, geometry))
         return tensor
 
     with untouched(model, backend):

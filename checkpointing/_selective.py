@@ -30,7 +30,7 @@ from accel._compat import (
     selective_contexts,
 )
 
-from ._errors import CheckpointError
+from ._errors import CheckpointError, plan_mismatch
 from ._non_reentrant import ContextFn
 
 __all__ = [
@@ -149,11 +149,8 @@ class _KeptCallsGuard(TorchDispatchMode):
         self.drawn_kept = False
 
     def _mismatch(self, func: Any, problem: str) -> CheckpointError:
-        return CheckpointError(
-            f"checkpointing: the operators of {self.owner or 'the model'} no longer match "
-            f"its checkpoint plan: {func} {problem}, so recomputing it would not give the "
-            "forward's values. Make a new plan with plan_checkpointing for this model and "
-            "these inputs, or checkpoint this module whole."
+        return plan_mismatch(
+            "operators", self.owner, f"{func} {problem}", ", or checkpoint this module whole"
         )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

@@ -1,0 +1,77 @@
+"""Dropout masks on the host stored as booleans: a quarter of the bytes, rebuilt exactly.
+
+On the host, dropout draws its mask into a float tensor (``bernoulli_``) and scales it
+in place by ``1/(1-p)``, so the mask autograd saves holds two values, 0 and that scale.
+:class:`Packed` keeps one boolean per element and the scale, and rebuilds the tensor
+bit for bit: ``flag * scale`` is the scale or +0.0. :meth:`Packed.of` packs only a
+tensor it has checked to be two-valued this way.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from accel import Accelerator
+
+from ._replay import Geometry
+
+__all__ = ["Packed", "pack_seconds"]
+
+
+class Packed:
+    """A float tensor of zeros and one scale of at least 1, stored as booleans.
+
+    The tensor must cover its whole storage (any strides, as a transposed mask has).
+    """
+
+    def __init__(self, flags: torch.Tensor, scale: torch.Tensor, geometry: Geometry) -> None:
+        self.flags = flags
+        self.scale = scale
+        self.geometry = geometry
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> Packed | None:
+        """Pack ``tensor`` if every element is 0 or its largest value; else ``None``.
+
+        The largest value must be finite and at least 1 (dropout's ``1/(1-p)``): then
+        ``x * (x - scale)`` is zero exactly where ``x`` is 0 or the scale, with no
+        underflow to a false zero, so one product checks every element.
+        """
+        if not tensor.dtype.is_floating_point or tensor.numel() == 0:
+            return None
+        dense = tensor.storage_offset() == 0 and (
+            tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+        )
+        if not dense:  # a view of part of a storage, or an expanded one
+            return None
+        scale = tensor.amax()
+        if not bool((scale >= 1) & scale.isfinite()):
+            return None
+        if bool((tensor - scale).mul_(tensor).any()):
+            return None
+        flags = tensor.to(torch.bool)  # keeps the strides of a dense tensor
+        if flags.stride() != tensor.stride():
+            return None
+        return Packed(flags, scale, Geometry.of(tensor))
+
+    def unpack(self) -> torch.Tensor:
+        """The tensor as it was packed."""
+        return self.flags.to(self.scale.dtype).mul_(self.scale)
+
+
+def pack_seconds(geometry: Geometry, device: torch.device, backend: Accelerator) -> float:
+    """Seconds to pack and rebuild a mask of ``geometry`` on ``device`` (best of three)."""
+    mask = torch.zeros(geometry.size, dtype=geometry.dtype, device=device)
+    mask.view(-1)[::2] = 2.0
+    best = float("inf")
+    for _ in range(3):
+        backend.synchronize()
+        start = time.perf_counter()
+        packed = Packed.of(mask)
+        if packed is not None:
+            packed.unpack()
+        backend.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best

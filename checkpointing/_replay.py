@@ -1,0 +1,125 @@
+"""Operator calls recorded so that they can run again: tensor geometry and references.
+
+The saved-tensor grain (:mod:`._saved_grain`) recomputes a dropped activation by
+calling again the aten operators that produced it, on tensors it can still reach (the
+module's inputs, parameters and buffers, and activations autograd keeps anyway). The
+profile records each call's arguments as a *template*: tensors are replaced by a
+:class:`Ref` naming where the tensor came from and its exact view of that storage
+(:class:`Geometry`), other arguments are kept as they were. Running a template again
+gives the forward's values bit for bit when the operator is deterministic, does not
+draw random numbers and writes nothing in place (:func:`replayable`): it is the same
+kernel on the same bytes with the same strides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+__all__ = ["Geometry", "Ref", "replayable", "resolve", "template_of"]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a tensor views its storage: shape, strides, offset, dtype and storage size."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    storage_bytes: int
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> Geometry:
+        return cls(
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            int(tensor.storage_offset()),
+            tensor.dtype,
+            tensor.untyped_storage().nbytes(),
+        )
+
+    def matches(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is this view of a storage of this size."""
+        return (
+            tensor.dtype == self.dtype
+            and tuple(tensor.shape) == self.size
+            and tuple(tensor.stride()) == self.stride
+            and tensor.storage_offset() == self.offset
+            and tensor.untyped_storage().nbytes() == self.storage_bytes
+        )
+
+    def view(self, base: torch.Tensor) -> torch.Tensor:
+        """This view of ``base``'s storage (``base`` may be any tensor on it)."""
+        if base.untyped_storage().nbytes() != self.storage_bytes or base.dtype != self.dtype:
+            raise RuntimeError(
+                "checkpointing: a recomputed tensor does not have the storage its forward "
+                f"had ({base.untyped_storage().nbytes()} bytes of {base.dtype}, expected "
+                f"{self.storage_bytes} of {self.dtype}). Make a new plan for this model."
+            )
+        return base.as_strided(self.size, self.stride, self.offset)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where a recorded argument came from: ``("storage", index)`` or ``("state", name)``.
+
+    ``index`` numbers the storages the profile saw created or received; ``name`` is a
+    parameter's or buffer's qualified name.
+    """
+
+    kind: str
+    key: int | str
+    geometry: Geometry
+
+
+def template_of(value: Any, identify: Callable[[torch.Tensor], Ref | None]) -> tuple[Any, bool]:
+    """``value`` with every tensor replaced by its :class:`Ref`; and whether all had one."""
+    complete = True
+
+    def replace(leaf: Any) -> Any:
+        nonlocal complete
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        ref = identify(leaf)
+        complete = complete and ref is not None
+        return ref
+
+    return tree_map(replace, value), complete
+
+
+def resolve(template: Any, lookup: Callable[[Ref], torch.Tensor]) -> Any:
+    """The arguments of a recorded call, each :class:`Ref` replaced by ``lookup(ref)``."""
+    return tree_map(lambda leaf: lookup(leaf) if isinstance(leaf, Ref) else leaf, template)
+
+
+_UNSAFE_TAGS = tuple(
+    tag
+    for tag in (
+        getattr(torch.Tag, "nondeterministic_seeded", None),
+        getattr(torch.Tag, "nondeterministic_bitwise", None),
+        getattr(torch.Tag, "dynamic_output_shape", None),
+        getattr(torch.Tag, "data_dependent_output", None),
+    )
+    if tag is not None
+)
+
+
+def replayable(func: Any) -> bool:
+    """Whether calling the aten operator ``func`` again gives the same bytes.
+
+    It must draw no random numbers, be bitwise deterministic, write nothing in place,
+    return no view of an argument and not leave its output uninitialised (``empty``,
+    ``empty_like``: their bytes are whatever the allocator hands out).
+    """
+    schema = getattr(func, "_schema", None)
+    if schema is None or any(tag in func.tags for tag in _UNSAFE_TAGS):
+        return False
+    if "empty" in schema.name:
+        return False
+    aliased = [*schema.arguments, *schema.returns]
+    return all(argument.alias_info is None for argument in aliased)

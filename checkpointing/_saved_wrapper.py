@@ -1,0 +1,210 @@
+"""``SavedTensorWrapper``: carries out a :class:`._saved_grain.SavedPlan` on one module.
+
+Around the wrapped module's forward it installs saved-tensor hooks that count the
+tensors autograd saves. At a planned position the tensor must be the view the profile
+saw (shape, strides, offset, dtype, storage size, and the same storage wherever the
+plan says so); otherwise the forward raises :class:`CheckpointError` with the
+generators put back, since a recipe built for other tensors would not give the
+forward's values. Planned tensors are then:
+
+* kept and remembered (``"leaf"``): a recipe reads them in backward; their version
+  counters are checked then, as autograd checks its own saved tensors;
+* packed (``"pack"``): stored as booleans and one value; a tensor that turns out not
+  to be two-valued is kept whole;
+* dropped (``"drop"``): unpacking runs the recipe's calls again under ``no_grad`` and
+  without autocast, and returns the saved view of the result. Other dropped outputs of
+  the same call wait in a cache until their own unpack.
+
+Every other saved tensor goes to the hooks that were active outside the module, if
+any, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel import Accelerator
+from accel._compat import current_saved_tensors_hooks
+
+from ._errors import CheckpointError, plan_mismatch
+from ._packed import Packed
+from ._profile import _tensors
+from ._replay import Geometry, Ref, resolve
+from ._saved_grain import DROP, LEAF, PACK, SavedPlan
+from ._wrapper import CheckpointWrapper
+
+__all__ = ["SavedTensorWrapper"]
+
+
+class _Outer:
+    """What the hooks active outside the module packed, and their unpack hook."""
+
+    def __init__(self, unpack: Any, value: Any) -> None:
+        self.unpack = unpack
+        self.value = value
+
+
+class _Dropped:
+    """A dropped saved tensor: which storage, and the view autograd saved of it."""
+
+    def __init__(self, run: _Run, index: int, geometry: Geometry) -> None:
+        self.run = run
+        self.index = index
+        self.geometry = geometry
+
+
+class _Run:
+    """One forward of the wrapped module: its saved tensors counted by position."""
+
+    def __init__(self, wrapper: SavedTensorWrapper, inputs: list[torch.Tensor]) -> None:
+        self.plan = wrapper.plan
+        self.module = wrapper.module
+        self.position = 0
+        self.leaves: dict[int, torch.Tensor | Packed] = {}
+        self.versions: dict[int, int] = {}
+        self.pointers: dict[int, int] = {}
+        self.cache: dict[int, torch.Tensor] = {}
+        for index, position in self.plan.inputs.items():
+            if position < len(inputs):
+                self._remember(index, inputs[position])
+        self.outer = current_saved_tensors_hooks()
+
+    def _remember(self, index: int, tensor: torch.Tensor | Packed) -> None:
+        if index in self.leaves:
+            return
+        self.leaves[index] = tensor
+        if isinstance(tensor, torch.Tensor):
+            self.versions[index] = tensor._version
+
+    def _mismatch(self, position: int, what: str) -> CheckpointError:
+        return plan_mismatch("saved tensors", self.plan.module, f"saved tensor {position} {what}")
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        position = self.position
+        self.position += 1
+        planned = self.plan.positions.get(position)
+        if planned is None:
+            return self._outer_pack(tensor)
+        action, index = planned
+        geometry = self.plan.geometries[position]
+        if not geometry.matches(tensor):
+            raise self._mismatch(position, "has another shape, layout or dtype")
+        pointer = tensor.untyped_storage().data_ptr()
+        if self.pointers.setdefault(index, pointer) != pointer:
+            raise self._mismatch(position, "lives in another storage than planned")
+        if action == LEAF:
+            self._remember(index, tensor)
+        elif action == PACK:
+            earlier = self.leaves.get(index)
+            packed = Packed.of(tensor) if earlier is None else earlier
+            if isinstance(packed, Packed) and packed.geometry == geometry:
+                self._remember(index, packed)
+                return packed
+            self._remember(index, tensor)
+        elif action == DROP:
+            return _Dropped(self, index, geometry)
+        return self._outer_pack(tensor)
+
+    def _outer_pack(self, tensor: torch.Tensor) -> Any:
+        return tensor if self.outer is None else _Outer(self.outer[1], self.outer[0](tensor))
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if isinstance(packed, _Dropped):
+            return packed.geometry.view(self._recompute(packed.index))
+        if isinstance(packed, Packed):
+            return packed.unpack()
+        if isinstance(packed, _Outer):
+            result: torch.Tensor = packed.unpack(packed.value)
+            return result
+        tensor: torch.Tensor = packed
+        return tensor
+
+    def _leaf(self, index: int) -> torch.Tensor:
+        leaf = self.leaves.get(index)
+        if leaf is None:
+            raise CheckpointError(
+                f"checkpointing: a recipe of {self.plan.module or 'the model'} reads a "
+                "tensor its forward never saved; the module no longer matches its plan. "
+                "Make a new plan with plan_checkpointing."
+            )
+        if isinstance(leaf, Packed):
+            return leaf.unpack()
+        if leaf._version != self.versions[index]:
+            raise RuntimeError(
+                f"checkpointing: a tensor that {self.plan.module or 'the model'} saved "
+                "for backward was modified in place after its forward (version "
+                f"{self.versions[index]} then, {leaf._version} now), so the activations "
+                "recomputed from it would be wrong. Clone it before modifying it."
+            )
+        return leaf
+
+    def _recompute(self, index: int) -> torch.Tensor:
+        cached = self.cache.pop(index, None)
+        if cached is not None:
+            return cached
+        computed: dict[int, torch.Tensor] = {}
+        steps = self.plan.recipes[index]
+
+        def lookup(ref: Ref) -> torch.Tensor:
+            if ref.kind == "state":
+                owner, _, attribute = str(ref.key)[len(self.plan.state_prefix) :].rpartition(".")
+                return ref.geometry.view(getattr(self.module.get_submodule(owner), attribute))
+            key = int(ref.key)
+            base = computed[key] if key in computed else self._leaf(key)
+            return ref.geometry.view(base)
+
+        devices = {
+            leaf.device.type for leaf in self.leaves.values() if isinstance(leaf, torch.Tensor)
+        }
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            for device in devices:
+                stack.enter_context(torch.autocast(device_type=device, enabled=False))
+            for step in steps:
+                args, kwargs = resolve(step.template, lookup)
+                outputs = _tensors(step.func(*args, **kwargs))
+                for storage, output in zip(step.outputs, outputs, strict=False):
+                    if storage is not None:
+                        computed[storage] = output
+        last = steps[-1]
+        for storage in last.outputs:
+            if storage is not None and storage != index and storage in self.plan.recipes:
+                self.cache[storage] = computed[storage]
+        return computed[index]
+
+
+class SavedTensorWrapper(CheckpointWrapper):
+    """Runs ``module`` with a :class:`SavedPlan`: some saved tensors dropped or packed.
+
+    Built by :meth:`CheckpointPlan.apply` for modules planned at the saved-tensor
+    grain; nothing is checkpointed whole, so the forward runs once.
+    """
+
+    def __init__(
+        self, module: nn.Module, plan: SavedPlan, *, backend: Accelerator | None = None
+    ) -> None:
+        super().__init__(module, backend=backend)
+        self.plan = plan
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module's forward with the plan's saved-tensor hooks."""
+        if not torch.is_grad_enabled():
+            return self.module(*args, **kwargs)
+        run = _Run(self, _tensors((args, kwargs)))
+        backend = self._backend_ref.get()
+        host = torch.get_rng_state()
+        device = backend.get_rng_state() if backend is not None else None
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(run.pack, run.unpack):
+                return self.module(*args, **kwargs)
+        except CheckpointError:
+            torch.set_rng_state(host)
+            if backend is not None and device is not None:
+                backend.set_rng_state(device)
+            raise
+
+    def extra_repr(self) -> str:
+        return self.plan.summary

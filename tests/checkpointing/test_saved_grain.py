@@ -1,0 +1,262 @@
+"""Saved-tensor grain: dropped tensors recomputed bit for bit, masks packed, mismatches refused."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import accel
+from accel import _compat
+from checkpointing import CheckpointError, plan_checkpointing
+from checkpointing._measure import LiveActivationMeter
+from checkpointing._packed import Packed
+from checkpointing._plan import SAVED
+from checkpointing._profile import profile_step
+from checkpointing._replay import replayable
+from checkpointing._saved_grain import DROP, PACK, SavedUnit, saved_plan, saved_units
+from checkpointing._saved_wrapper import SavedTensorWrapper
+
+WIDTH, SEQ, BATCH = 32, 16, 4
+
+
+class Stack(nn.Module):
+    """Post-norm transformer layers with dropout, as the budget benchmark's stack."""
+
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(WIDTH, 4, 4 * WIDTH, dropout=0.1, batch_first=True)
+            for _ in range(layers)
+        )
+        self.head = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Stack()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _model() -> Model:
+    torch.manual_seed(0)
+    return Model().train()
+
+
+def _inputs(seq: int = SEQ) -> torch.Tensor:
+    return torch.randn(BATCH, seq, WIDTH, generator=torch.Generator().manual_seed(1))
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    torch.manual_seed(7)
+    loss = model(x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad for p in model.parameters()]
+
+
+def _assert_same_step(model: nn.Module, reference: nn.Module, x: torch.Tensor) -> None:
+    loss, grads = _step(model, x)
+    expected_loss, expected_grads = _step(reference, x)
+    assert torch.equal(loss, expected_loss)
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        assert grad is not None and expected is not None and torch.equal(grad, expected)
+
+
+def _live_bytes(model: nn.Module, x: torch.Tensor) -> int:
+    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
+        out = model(x)
+    held = meter.bytes - out.untyped_storage().nbytes()
+    out.sum().backward()
+    model.zero_grad(set_to_none=True)
+    return held
+
+
+def _prefixes(model: nn.Module, x: torch.Tensor) -> list[list[SavedUnit]]:
+    backend = accel.get_backend("cpu")
+    return saved_units(profile_step(model, (x,), backend), "body")
+
+
+def test_every_greedy_prefix_is_bit_exact_with_dropout() -> None:
+    reference, x = _model(), _inputs()
+    backend = accel.get_backend("cpu")
+    profile = profile_step(reference, (x,), backend)
+    prefixes = saved_units(profile, "body")
+    actions = {unit.action for unit in prefixes[-1]}
+    assert actions == {DROP, PACK}, "the stack has cheap recipes and host dropout masks"
+    for units in prefixes:
+        model = copy.deepcopy(reference)
+        model.body = SavedTensorWrapper(model.body, saved_plan(profile, "body", units))
+        _assert_same_step(model, copy.deepcopy(reference), x)
+
+
+def test_the_longest_prefix_holds_what_it_promises() -> None:
+    reference, x = _model(), _inputs()
+    backend = accel.get_backend("cpu")
+    profile = profile_step(reference, (x,), backend)
+    units = saved_units(profile, "body")[-1]
+    model = copy.deepcopy(reference)
+    model.body = SavedTensorWrapper(model.body, saved_plan(profile, "body", units))
+    plain = _live_bytes(reference, x)
+    slimmed = _live_bytes(model, x)
+    promised = sum(unit.saved_bytes for unit in units)
+    assert slimmed < plain
+    # Each packed mask also holds a 0-dim scale; nothing else beyond the promise.
+    scales = sum(1 for unit in units if unit.action == PACK) * 16
+    assert plain - slimmed >= promised - scales - sum(
+        profile.storage_bytes[i] for unit in units for i in unit.inputs
+    )
+
+
+def test_budget_plans_use_the_saved_grain_exactly_and_fit() -> None:
+    reference, x = _model(), _inputs()
+    model = copy.deepcopy(reference)
+    plan = plan_checkpointing(model, (x,), memory_budget=0.7)
+    assert SAVED in plan.decisions.values()
+    assert "saved:" in str(plan)
+    keys = list(model.state_dict())
+    plan.apply(model)
+    assert list(model.state_dict()) == keys
+    assert any(isinstance(m, SavedTensorWrapper) for m in model.modules())
+    _assert_same_step(model, copy.deepcopy(reference), x)
+    assert _live_bytes(model, x) <= plan.budget_bytes + 64 * len(plan.decisions)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_masks_are_packed_and_rebuilt_exactly(dtype: torch.dtype) -> None:
+    mask = torch.empty(64, 33, dtype=dtype).bernoulli_(0.7).div_(0.7)
+    packed = Packed.of(mask)
+    assert packed is not None and packed.flags.dtype == torch.bool
+    rebuilt = packed.unpack()
+    assert rebuilt.dtype == dtype and torch.equal(rebuilt, mask)
+    assert torch.equal(rebuilt.signbit(), mask.signbit())
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda t: t.view(-1)[3].fill_(0.5),  # a third value
+        lambda t: t.view(-1)[3].fill_(float("nan")),
+        lambda t: t.view(-1)[3].fill_(-1.0),
+        lambda t: t.mul_(0.25),  # scale below 1: x * (x - s) could underflow
+    ],
+)
+def test_tensors_that_are_not_masks_are_not_packed(spoil: object) -> None:
+    mask = torch.empty(64, 33).bernoulli_(0.5).div_(0.5)
+    spoil(mask)  # type: ignore[operator]
+    assert Packed.of(mask) is None
+    whole = torch.empty(8, 8).bernoulli_(0.5).div_(0.5)
+    assert Packed.of(whole[:4]) is None  # part of a storage
+    assert Packed.of(whole[:1].expand(8, 8)) is None
+
+
+def test_a_transposed_mask_is_packed_with_its_strides() -> None:
+    mask = torch.empty(8, 6).bernoulli_(0.5).div_(0.5).t()
+    packed = Packed.of(mask)
+    assert packed is not None
+    rebuilt = packed.unpack()
+    assert rebuilt.stride() == mask.stride() and torch.equal(rebuilt, mask)
+
+
+def test_a_changed_input_is_refused_with_generators_and_gradients_untouched() -> None:
+    model, x = _model(), _inputs()
+    plan = plan_checkpointing(model, (x,), memory_budget=0.7)
+    plan.apply(model)
+    longer = _inputs(SEQ + 3)
+    state = torch.get_rng_state()
+    with pytest.raises(
+        CheckpointError, match=r"^checkpointing: the saved tensors of body\S* no longer match"
+    ):
+        model(longer)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(p.grad is None for p in model.parameters())
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.sin(x))
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = Scaled()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _scaled_with_recipe() -> tuple[Outer, torch.Tensor]:
+    torch.manual_seed(0)
+    model, x = Outer(), torch.randn(4, WIDTH, requires_grad=True)
+    profile = profile_step(model, (x,), accel.get_backend("cpu"))
+    units = saved_units(profile, "body")[-1]
+    assert [unit.label for unit in units] == ["sin"] and units[0].inputs
+    model.body = SavedTensorWrapper(model.body, saved_plan(profile, "body", units))
+    return model, x
+
+
+def test_an_input_modified_in_place_after_the_forward_is_refused() -> None:
+    model, x = _scaled_with_recipe()
+    out = model(x)
+    with torch.no_grad():
+        x.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"modified in place after its forward"):
+        out.sum().backward()
+
+
+@pytest.mark.skipif(
+    not _compat.SAVED_TENSORS_HOOKS_VISIBLE,
+    reason="torch 2.4 cannot report the active saved-tensor hooks to Python",
+)
+def test_hooks_active_outside_still_pack_the_other_saved_tensors() -> None:
+    model, x = _scaled_with_recipe()
+    reference = copy.deepcopy(model.body.module)
+    seen: list[int] = []
+
+    def pack(tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        seen.append(tensor.numel())
+        return "outer", tensor
+
+    def unpack(packed: tuple[str, torch.Tensor]) -> torch.Tensor:
+        assert packed[0] == "outer"
+        return packed[1]
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = model(x)
+    out.sum().backward()
+    expected = reference(x)
+    expected.sum().backward()
+    assert torch.equal(out, expected)
+    for param, ref in zip(model.parameters(), reference.parameters(), strict=True):
+        assert param.grad is not None and ref.grad is not None
+        assert torch.equal(param.grad, ref.grad)
+    # sin's output (the linear layer's input) is dropped; sin's own input goes outside.
+    assert seen and x.numel() in seen
+
+
+def test_only_operators_that_replay_bit_for_bit_are_recomputed() -> None:
+    aten = torch.ops.aten
+    for func in (aten.mul.Tensor, aten.native_layer_norm.default, aten.addmm.default):
+        assert replayable(func)
+    for func in (aten.bernoulli_.float, aten.empty_like.default, aten.view.default):
+        assert not replayable(func), func
+
+
+def test_without_grad_the_wrapper_runs_the_module_plainly() -> None:
+    model, x = _scaled_with_recipe()
+    with torch.no_grad():
+        assert torch.equal(model(x), model.body.module(x))
