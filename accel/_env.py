@@ -17,7 +17,14 @@ import os
 
 from ._errors import ConfigurationError
 
-__all__ = ["ACCEL", "flag", "name_list", "raw_selected_name", "selected_name"]
+__all__ = [
+    "ACCEL",
+    "flag",
+    "local_rank",
+    "name_list",
+    "raw_selected_name",
+    "selected_name",
+]
 
 ACCEL = "ACCEL"
 _TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
@@ -73,3 +80,12 @@ def selected_name() -> str | None:
     """Return the raw ``ACCEL`` value, or ``None`` when unset or blank."""
     value = os.environ.get(ACCEL)
     return value if value and value.strip() else None
+
+
+def local_rank() -> int | None:
+    """Return ``LOCAL_RANK`` as an integer, or ``None`` when unset or not an integer."""
+    raw = os.environ.get("LOCAL_RANK")
+    try:
+        return None if raw is None else int(raw.strip())
+    except ValueError:
+        return None

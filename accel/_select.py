@@ -98,6 +98,8 @@ _by_name: dict[str, Accelerator] = {}
 _by_environment: dict[str | bytes | None, Accelerator] = {}
 # Auto-detected backends whose factory raised: name -> "ErrorType: message".
 _factory_failures: dict[str, str] = {}
+# Backends that bind their device when created: name -> LOCAL_RANK at that moment.
+_local_ranks_at_creation: dict[str, int | None] = {}
 
 
 def get_backend(name: str | None = None) -> Accelerator:
@@ -248,6 +250,7 @@ def reset_backends() -> None:
         _by_name.clear()
         _by_environment.clear()
         _factory_failures.clear()
+        _local_ranks_at_creation.clear()
 
 
 def _loaded_catalog() -> Catalog:
@@ -325,6 +328,8 @@ def _instance(name: str) -> Accelerator:
         return existing
     entry = _loaded_catalog().entries[name]
     provider = entry.providers[0].describe()
+    if entry.spec.binds_device_at_creation:
+        _local_ranks_at_creation[name] = _env.local_rank()
     try:
         backend = entry.spec.factory()
     except Exception as exc:
@@ -335,6 +340,21 @@ def _instance(name: str) -> Accelerator:
     _check_protocol(name, provider, backend)
     _instances[name] = backend
     return backend
+
+
+def binds_device_at_creation(name: str) -> bool:
+    """Whether the backend called ``name`` binds its device when created (see BackendSpec)."""
+    with _lock:
+        entry = _loaded_catalog().entries.get(name.strip().lower())
+    return entry is not None and entry.spec.binds_device_at_creation
+
+
+def local_rank_at_creation(name: str) -> tuple[bool, int | None]:
+    """``(True, LOCAL_RANK then)`` if accel created backend ``name`` and it binds its device."""
+    with _lock:
+        if name in _local_ranks_at_creation:
+            return True, _local_ranks_at_creation[name]
+    return False, None
 
 
 def _check_protocol(name: str, provider: str, backend: object) -> None:

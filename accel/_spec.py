@@ -53,6 +53,12 @@ class BackendSpec:
             (``get_backend(name)`` or ``ACCEL``), so it may ask the vendor library
             itself, importing it (what the user asked for); auto-detection and
             ``python -m accel`` keep using ``probe``. It must not raise either.
+        binds_device_at_creation: Creating the backend binds this process to one
+            device chosen from ``LOCAL_RANK`` (Habana's bridge takes its card when it is
+            imported), so the device cannot be chosen later with ``set_device``. accel
+            records ``LOCAL_RANK`` when it creates such a backend, and
+            :func:`accel.distributed.init_process_group` refuses a local rank other
+            than that one, before creating the backend where it can.
     """
 
     name: str
@@ -61,6 +67,7 @@ class BackendSpec:
     description: str = ""
     priority: int = field(default=-1)
     named_probe: Callable[[], Availability] | None = None
+    binds_device_at_creation: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -74,6 +81,11 @@ class BackendSpec:
                     f"BackendSpec {self.name!r}: {attribute} must be callable, "
                     f"got {type(getattr(self, attribute)).__name__}."
                 )
+        if not isinstance(self.binds_device_at_creation, bool):
+            raise TypeError(
+                f"BackendSpec {self.name!r}: binds_device_at_creation must be a bool, "
+                f"got {type(self.binds_device_at_creation).__name__}."
+            )
         if self.named_probe is not None and not callable(self.named_probe):
             raise TypeError(
                 f"BackendSpec {self.name!r}: named_probe must be callable or None, "

@@ -287,5 +287,6 @@ def accel_backends() -> Sequence[BackendSpec]:
             description="Intel Gaudi via habana_frameworks (hccl; lazy or eager mode).",
             priority=300,
             named_probe=_named_probe,
+            binds_device_at_creation=True,
         )
     ]

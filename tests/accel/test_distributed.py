@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -30,8 +30,9 @@ import torch.distributed as dist
 
 import accel
 import accel.distributed
-from accel import AccelError
+from accel import AccelError, _select
 from accel._compat import FSDP2_MIN_RELEASE_OFF_CUDA, fsdp2_fully_shard, torch_release
+from accel._discovery import Catalog
 from accel.distributed import DistributedSetupError
 from backends._common import checked_index
 from backends.cpu import CpuBackend
@@ -333,14 +334,30 @@ def test_hpu_reports_one_device_whatever_the_card_count(
     assert _set_device_calls(backend) == [(0,)]
 
 
-def test_hpu_local_rank_passed_differs_from_the_one_at_creation(
-    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, habana_double: ModuleType
+def _cpu_binding_at_creation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the cpu backend one that binds its device when created, as a plugin could."""
+    catalog = _select._loaded_catalog()
+    entry = catalog.entries["cpu"]
+    spec = replace(entry.spec, binds_device_at_creation=True)
+    entries = {**catalog.entries, "cpu": replace(entry, specs=(spec,))}
+    monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
+
+
+@pytest.mark.parametrize("name", ["hpu", "cpu"])
+def test_a_local_rank_other_than_the_one_at_creation_is_refused(
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, request: pytest.FixtureRequest, name: str
 ) -> None:
-    backend = accel.get_backend("hpu")  # LOCAL_RANK=1: the bridge chose card 1
+    # hpu: the bridge chose card 1 from LOCAL_RANK=1; cpu: a plugin spec with the same flag.
+    if name == "hpu":
+        request.getfixturevalue("habana_double")
+    else:
+        _cpu_binding_at_creation(torchrun_env)
+    backend = accel.get_backend(name)
     with pytest.raises(DistributedSetupError) as excinfo:
         accel.distributed.init_process_group(accel_backend=backend, local_rank=0)
     message = str(excinfo.value)
-    assert message.startswith("accel.distributed: LOCAL_RANK was 1 when the hpu backend")
+    assert message.startswith(f"accel.distributed: LOCAL_RANK was 1 when the {name} backend")
+    assert f"The {name} backend binds its device from LOCAL_RANK when it is created" in message
     assert "Set LOCAL_RANK=0 in the environment before the first accel.get_backend()" in message
     assert fake_init.calls == []
 
@@ -370,6 +387,46 @@ def test_hpu_refused_before_the_bridge_is_imported(
         accel.distributed.init_process_group(local_rank=1)
     assert "habana_frameworks.torch" not in sys.modules
     assert fake_init.calls == []
+
+
+def test_a_binding_backend_is_refused_before_it_is_created(
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch
+) -> None:
+    _cpu_binding_at_creation(torchrun_env)
+    torchrun_env.setenv("ACCEL", "cpu")
+    torchrun_env.delenv("LOCAL_RANK")
+    with pytest.raises(DistributedSetupError, match="LOCAL_RANK was unset when the cpu backend"):
+        accel.distributed.init_process_group(local_rank=1)
+    assert _select.local_rank_at_creation("cpu") == (False, None)
+    assert fake_init.calls == []
+
+
+def test_backends_that_do_not_bind_at_creation_are_not_checked(
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch
+) -> None:
+    backend = accel.get_backend("cpu")  # LOCAL_RANK=1, but cpu binds nothing when created
+    accel.distributed.init_process_group(accel_backend=backend, local_rank=0)
+    assert _select.local_rank_at_creation("cpu") == (False, None)
+    assert fake_init.only_call["rank"] == 1
+
+
+def test_only_hpu_among_the_built_ins_binds_at_creation() -> None:
+    binding = {
+        name
+        for name in ("cpu", "cuda", "hpu", "xpu", "mps")
+        if _select.binds_device_at_creation(name)
+    }
+    assert binding == {"hpu"}
+
+
+def test_binds_device_at_creation_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="binds_device_at_creation must be a bool, got str"):
+        accel.BackendSpec(
+            "npu",
+            CpuBackend,
+            lambda: accel.Availability(True),
+            binds_device_at_creation="yes",  # type: ignore[arg-type]
+        )
 
 
 def test_hpu_single_process_needs_no_local_rank(
@@ -848,3 +905,22 @@ def test_engine_under_ddp_matches_one_process(engine_results: list[dict[str, Any
     first, second = engine_results
     for a, b in zip(first["distributed"], second["distributed"], strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_distributed_code_compares_no_backend_name() -> None:
+    # Vendor traits come from BackendSpec and the protocol, never from a name check.
+    import ast
+
+    names = {"cuda", "hpu", "xpu", "mps"}
+    found = []
+    for module in ("distributed.py", "_launch.py"):
+        tree = ast.parse((REPO / "accel" / module).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                found += [
+                    f"{module}:{node.lineno}"
+                    for operand in operands
+                    if isinstance(operand, ast.Constant) and operand.value in names
+                ]
+    assert found == []
