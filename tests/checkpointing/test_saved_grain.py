@@ -120,6 +120,7 @@ def test_the_longest_prefix_holds_what_it_promises() -> None:
 def test_budget_plans_use_the_saved_grain_exactly_and_fit() -> None:
     reference, x = _model(), _inputs()
     model = copy.deepcopy(reference)
+    plain = _live_bytes(reference, x)
     plan = plan_checkpointing(model, (x,), memory_budget=0.7)
     assert SAVED in plan.decisions.values()
     assert "saved:" in str(plan)
@@ -128,7 +129,11 @@ def test_budget_plans_use_the_saved_grain_exactly_and_fit() -> None:
     assert list(model.state_dict()) == keys
     assert any(isinstance(m, SavedTensorWrapper) for m in model.modules())
     _assert_same_step(model, copy.deepcopy(reference), x)
-    assert _live_bytes(model, x) <= plan.budget_bytes + 64 * len(plan.decisions)
+    # The live-tensor count sees a little more than autograd saves in both runs; what
+    # the plan removes is what it promised, less each packed mask's 0-dim scale.
+    promised = plan.plain_bytes - plan.estimated_bytes
+    assert plain - _live_bytes(model, x) >= promised - 256
+    assert plan.estimated_bytes <= plan.budget_bytes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
