@@ -6,10 +6,9 @@ has submodules is a candidate at four grains (:mod:`._options`): its saved tenso
 dropout masks into booleans: :mod:`._saved_grain`; nothing runs twice); the whole
 module (keep only its inputs); its cheap operators by class (keep its inputs and its
 matmul and attention outputs, recompute pointwise activations, dropout and
-normalisation); and its
-operator calls by measured cost (keep the calls that save the most recompute time per
-byte, :mod:`._kept_ops`; this is what keeps a host's dropout masks, whose random
-draws cost more than the matmuls around them). Each choice saves some activation
+normalisation); and its operator calls by measured cost (keep the calls that save the
+most recompute time per byte, :mod:`._kept_ops`; this is what keeps a host's dropout
+masks, whose random draws cost more than the matmuls around them). Each choice saves some activation
 bytes and costs some recompute time; :class:`_Knapsack` picks the set that saves
 enough for the budget in the least time.
 """
@@ -28,10 +27,10 @@ from accel import Accelerator
 
 from ._args import resolve_backend, validate_budget
 from ._options import Option, candidates, priced, storage_bytes
-from ._overhead import measured_step_ratio, selective_overhead
-from ._packed import pack_seconds
-from ._plan import KEEP, MEASURED, CheckpointPlan, PlanRow
+from ._overhead import measured_step_ratio, pack_seconds, selective_overhead
+from ._plan import KEEP, MEASURED, SAVED, CheckpointPlan, PlanRow
 from ._profile import StepProfile, profile_step
+from ._saved_grain import saved_plan
 from ._selective import unavailable_reason
 
 __all__ = ["plan_checkpointing"]
@@ -222,10 +221,8 @@ def plan_checkpointing(
     note = ""
     reason = unavailable_reason() if selective else None
     if reason is not None:
-        selective, note = (
-            False,
-            (f"operator grain unavailable (whole modules and saved tensors only): {reason}."),
-        )
+        selective = False
+        note = f"operator grain unavailable (whole modules and saved tensors only): {reason}."
     profile = profile_step(model, example_inputs, backend)
     plain = profile.plain_bytes
     budget = (
@@ -318,6 +315,8 @@ def _plan(
             name: option.calls for name, option in chosen.items() if option.decision == MEASURED
         },
         saved_plans={
-            name: option.saved for name, option in chosen.items() if option.saved is not None
+            name: saved_plan(profile, name, list(option.saved_units))
+            for name, option in chosen.items()
+            if option.decision == SAVED
         },
     )

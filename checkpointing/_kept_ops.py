@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ._profile import OpCall
+from ._replay import operator_label
 
 __all__ = ["Unit", "find_units", "keep_options"]
 
@@ -49,12 +50,6 @@ class Unit:
     keepable: bool = True
     read_by_others: bool = False
     writes: list[str] = field(default_factory=list)
-
-
-def _label(name: str) -> str:
-    """``aten.addmm.default`` -> ``addmm``."""
-    parts = name.split(".")
-    return parts[1] if len(parts) > 2 else name
 
 
 def find_units(calls: Sequence[OpCall], mutable_cache: bool) -> list[Unit]:
@@ -81,10 +76,10 @@ def find_units(calls: Sequence[OpCall], mutable_cache: bool) -> list[Unit]:
             unit = units[next(iter(targets))]  # type: ignore[index]
             unit.calls.append((call.name, call.occurrence))
             unit.seconds += call.seconds
-            unit.writes.append(_label(call.name))
+            unit.writes.append(operator_label(call.name))
             if call.random:
                 unit.random = True
-                unit.label = _label(call.name)
+                unit.label = operator_label(call.name)
             if unit.read_by_others or not mutable_cache:
                 unit.keepable = False
             if call.random and not unit.keepable:
@@ -108,7 +103,7 @@ def find_units(calls: Sequence[OpCall], mutable_cache: bool) -> list[Unit]:
                     storages=frozenset(call.fresh),
                     seconds=call.seconds,
                     random=call.random,
-                    label=_label(call.name),
+                    label=operator_label(call.name),
                     keepable=not call.mutated,
                 )
             )

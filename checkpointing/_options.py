@@ -11,7 +11,6 @@ the recomputation's, to which :func:`priced` adds the selective policy's overhea
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,8 +20,8 @@ from accel._compat import selective_cache_allows_mutation
 from ._kept_ops import Unit, find_units, keep_options
 from ._plan import FULL, MEASURED, SAVED, SELECTIVE
 from ._profile import StepProfile
-from ._replay import Geometry
-from ._saved_grain import DROP, PACK, SavedPlan, saved_plan, saved_units
+from ._replay import Geometry, counted
+from ._saved_grain import DROP, PACK, SavedUnit, saved_summary, saved_units
 
 __all__ = ["Option", "candidates", "priced", "storage_bytes"]
 
@@ -40,7 +39,7 @@ class Option:
     policy_calls: int = 0  # operator calls a selective policy sees
     kept_count: int = 0  # of those, the kept ones
     extra_bytes: int = 0  # bytes held outside ``kept``: packed masks
-    saved: SavedPlan | None = None
+    saved_units: tuple[SavedUnit, ...] = ()  # a saved-tensor option's drops and packs
 
 
 def priced(
@@ -64,10 +63,7 @@ def storage_bytes(profile: StepProfile, indices: Iterable[int]) -> int:
 
 def _kept_summary(units: list[Unit]) -> str:
     """``ops kept: addmm x3, bernoulli_ x2``: what a measured option keeps, by label."""
-    counts = Counter(unit.label for unit in units)
-    return "ops kept: " + ", ".join(
-        f"{label} x{count}" if count > 1 else label for label, count in counts.items()
-    )
+    return "ops kept: " + counted(unit.label for unit in units)
 
 
 def _options(
@@ -104,14 +100,13 @@ def _options(
         )
         read = frozenset[int]().union(*(unit.inputs for unit in prefix))
         kept = frozenset(owned - dropped - packed) | read
-        plan = saved_plan(profile, name, prefix)
-        base = option(SAVED, sum(unit.seconds for unit in prefix), kept, kind=plan.summary)
+        base = option(SAVED, sum(unit.seconds for unit in prefix), kept, kind=saved_summary(prefix))
         options.append(
             replace(
                 base,
                 saved_bytes=base.saved_bytes - packed_bytes,
                 extra_bytes=packed_bytes,
-                saved=plan,
+                saved_units=tuple(prefix),
             )
         )
     if not selective:
@@ -151,7 +146,7 @@ def candidates(
     """Every candidate module's options, before the policy's overhead.
 
     ``price`` gives the measured seconds to pack and rebuild a dropout mask of a
-    geometry (:func:`._packed.pack_seconds`); without it they are estimated.
+    geometry (:func:`._overhead.pack_seconds`); without it they are estimated.
     """
     return {
         name: _options(profile, name, selective, price)

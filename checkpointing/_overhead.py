@@ -37,10 +37,12 @@ from accel import Accelerator
 
 from ._checkpoint import run_checkpoint
 from ._non_reentrant import ContextFn
+from ._packed import Packed
 from ._profile import timed_step, untouched
+from ._replay import Geometry
 from ._selective import kept_calls_context_fn
 
-__all__ = ["measured_step_ratio", "selective_overhead"]
+__all__ = ["measured_step_ratio", "pack_seconds", "selective_overhead"]
 
 _LAYERS = 6
 _ROUNDS = 5
@@ -122,6 +124,22 @@ def selective_overhead(backend: Accelerator) -> tuple[float, float]:
     per_call = max(none - full, 0.0) / calls
     per_kept = max((kept - plain) / calls - per_call, 0.0)
     return per_call, per_kept
+
+
+def pack_seconds(geometry: Geometry, device: torch.device, backend: Accelerator) -> float:
+    """Seconds to pack and rebuild a dropout mask of ``geometry`` on ``device``.
+
+    The best of a few rounds (:mod:`._packed`), for the saved-tensor grain's pack units.
+    """
+    mask = torch.zeros(geometry.size, dtype=geometry.dtype, device=device)
+    mask.view(-1)[::2] = 2.0
+
+    def round_trip() -> None:
+        packed = Packed.of(mask)
+        if packed is not None:
+            packed.unpack()
+
+    return _best_time(round_trip, backend)
 
 
 def _fastest_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> float:

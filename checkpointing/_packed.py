@@ -9,15 +9,11 @@ tensor it has checked to be two-valued this way.
 
 from __future__ import annotations
 
-import time
-
 import torch
-
-from accel import Accelerator
 
 from ._replay import Geometry
 
-__all__ = ["Packed", "pack_seconds"]
+__all__ = ["Packed"]
 
 
 class Packed:
@@ -59,19 +55,3 @@ class Packed:
     def unpack(self) -> torch.Tensor:
         """The tensor as it was packed."""
         return self.flags.to(self.scale.dtype).mul_(self.scale)
-
-
-def pack_seconds(geometry: Geometry, device: torch.device, backend: Accelerator) -> float:
-    """Seconds to pack and rebuild a mask of ``geometry`` on ``device`` (best of three)."""
-    mask = torch.zeros(geometry.size, dtype=geometry.dtype, device=device)
-    mask.view(-1)[::2] = 2.0
-    best = float("inf")
-    for _ in range(3):
-        backend.synchronize()
-        start = time.perf_counter()
-        packed = Packed.of(mask)
-        if packed is not None:
-            packed.unpack()
-        backend.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best

@@ -13,14 +13,15 @@ kernel on the same bytes with the same strides.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["Geometry", "Ref", "replayable", "resolve", "template_of"]
+__all__ = ["Geometry", "Ref", "counted", "operator_label", "replayable", "resolve", "template_of"]
 
 
 @dataclass(frozen=True)
@@ -123,3 +124,15 @@ def replayable(func: Any) -> bool:
         return False
     aliased = [*schema.arguments, *schema.returns]
     return all(argument.alias_info is None for argument in aliased)
+
+
+def operator_label(name: str) -> str:
+    """``aten.addmm.default`` -> ``addmm``: an operator's name in a plan's table."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 else name
+
+
+def counted(labels: Iterable[str]) -> str:
+    """``addmm x3, bernoulli_``: labels in first-seen order, repeats counted."""
+    counts = Counter(labels)
+    return ", ".join(f"{label} x{count}" if count > 1 else label for label, count in counts.items())

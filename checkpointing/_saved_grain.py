@@ -17,39 +17,39 @@ hooks around the module's forward, with no dispatch mode:
   and rebuilt exactly. The forward checks that the tensor has two such values and
   keeps it whole otherwise.
 
-:func:`saved_options` builds the units from the profile, orders them greedily by
+:func:`saved_units` builds the units from the profile, orders them greedily by
 recompute seconds per byte saved (O(U log U) for U units, with O(U) checks each that
-no chosen recipe reads a dropped tensor) and returns every prefix as an option. Each
-option carries a :class:`SavedPlan`, which :class:`._saved_wrapper.SavedTensorWrapper`
-carries out.
+no chosen recipe reads a dropped tensor) and returns every prefix; each becomes one
+option of the planner. :func:`saved_plan` turns the chosen prefix into a
+:class:`SavedPlan`, which :class:`._saved_wrapper.SavedTensorWrapper` carries out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils._pytree import tree_leaves
 
 from ._profile import ModuleProfile, OpCall, StepProfile
-from ._replay import Geometry, Ref
+from ._replay import Geometry, Ref, counted, operator_label
 
-__all__ = ["DROP", "LEAF", "PACK", "SavedPlan", "SavedUnit", "saved_units"]
+__all__ = [
+    "DROP",
+    "LEAF",
+    "PACK",
+    "SavedPlan",
+    "SavedUnit",
+    "saved_plan",
+    "saved_summary",
+    "saved_units",
+]
 
 DROP, PACK, LEAF = "drop", "pack", "leaf"
 _DEPTH = 8  # unsaved intermediates a recipe may recompute on its way to a saved tensor
 _REPLAY_SECONDS = 20e-6  # Python per replayed call (as_strided views, the call itself)
 _PACK_PASSES = 5  # passes over a mask (scale, check, flags; rebuild) when not measured
-
-
-@dataclass(frozen=True)
-class Step:
-    """One recorded call to run again: the operator, its argument template, its outputs."""
-
-    func: Any
-    template: Any
-    outputs: tuple[int | None, ...]
 
 
 @dataclass
@@ -60,7 +60,7 @@ class SavedUnit:
     storages: frozenset[int]
     saved_bytes: int
     seconds: float
-    steps: tuple[Step, ...] = ()
+    steps: tuple[OpCall, ...] = ()  # the recorded calls to run again, in order
     leaves: frozenset[int] = frozenset()  # kept saved tensors its recipe reads
     inputs: frozenset[int] = frozenset()  # module inputs its recipe reads
     label: str = ""
@@ -84,10 +84,14 @@ class SavedPlan:
     module: str
     positions: dict[int, tuple[str, int]]
     geometries: dict[int, Geometry]
-    recipes: dict[int, tuple[Step, ...]]
+    recipes: dict[int, tuple[OpCall, ...]]
     inputs: dict[int, int]
     summary: str = ""
-    state_prefix: str = field(default="", repr=False)
+
+    @property
+    def state_prefix(self) -> str:
+        """What qualified parameter and buffer names start with inside the module."""
+        return f"{self.module}."
 
 
 def _refs(template: Any) -> Iterator[Ref]:
@@ -116,11 +120,10 @@ class _Module:
             for index in self.saved
             if all(record.name in stack for stack in profile.saved_by.get(index, ()))
         }
-        self.inputs = {
-            index: position
-            for position, index in enumerate(record.input_order)
-            if index is not None and record.input_order.index(index) == position
-        }
+        self.inputs: dict[int, int] = {}  # input storage -> its first position
+        for position, storage in enumerate(record.input_order):
+            if storage is not None:
+                self.inputs.setdefault(storage, position)
 
     def recipe(
         self, index: int, dropped: frozenset[int] = frozenset(), depth: int = 0
@@ -176,10 +179,10 @@ class _Module:
             storages,
             sum(self.profile.storage_bytes[i] for i in storages),
             sum(c.seconds + _REPLAY_SECONDS for c in calls),
-            tuple(Step(c.func, c.template, c.outputs) for c in calls),
+            tuple(calls),
             frozenset(leaves),
             frozenset(inputs),
-            _label(call.name),
+            operator_label(call.name),
         )
 
     def drop_units(self) -> list[SavedUnit]:
@@ -215,11 +218,6 @@ class _Module:
         return units
 
 
-def _label(name: str) -> str:
-    parts = name.split(".")
-    return parts[1] if len(parts) > 2 else name
-
-
 def saved_units(
     profile: StepProfile, name: str, price: Callable[[Geometry], float] | None = None
 ) -> list[list[SavedUnit]]:
@@ -251,12 +249,19 @@ def saved_units(
     return prefixes
 
 
+def saved_summary(units: list[SavedUnit]) -> str:
+    """``saved: mul x2, masks packed``: what a prefix of units drops and packs."""
+    return "saved: " + counted(
+        unit.label if unit.action == DROP else "masks packed" for unit in units
+    )
+
+
 def saved_plan(profile: StepProfile, name: str, units: list[SavedUnit]) -> SavedPlan:
     """The :class:`SavedPlan` that carries out ``units`` in module ``name``."""
     record = profile.modules[name]
     module = _Module(profile, record)
     action: dict[int, str] = {}
-    recipes: dict[int, tuple[Step, ...]] = {}
+    recipes: dict[int, tuple[OpCall, ...]] = {}
     for unit in units:
         for index in unit.storages:
             action[index] = unit.action
@@ -270,13 +275,6 @@ def saved_plan(profile: StepProfile, name: str, units: list[SavedUnit]) -> Saved
         if storage is not None and storage in action:
             positions[position] = (action[storage], storage)
             geometries[position] = geometry
-    counts: dict[str, int] = {}
-    for unit in units:
-        label = unit.label if unit.action == DROP else "masks packed"
-        counts[label] = counts.get(label, 0) + 1
-    summary = "saved: " + ", ".join(
-        f"{label} x{count}" if count > 1 else label for label, count in counts.items()
-    )
     needed = {
         int(ref.key)
         for steps in recipes.values()
@@ -290,6 +288,5 @@ def saved_plan(profile: StepProfile, name: str, units: list[SavedUnit]) -> Saved
         geometries=geometries,
         recipes=recipes,
         inputs={i: p for i, p in module.inputs.items() if i in needed},
-        summary=summary,
-        state_prefix=module.prefix,
+        summary=saved_summary(units),
     )

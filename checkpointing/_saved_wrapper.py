@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import accel
 from accel import Accelerator
 from accel._compat import current_saved_tensors_hooks
 
@@ -35,6 +36,7 @@ from ._packed import Packed
 from ._profile import _tensors
 from ._replay import Geometry, Ref, resolve
 from ._saved_grain import DROP, LEAF, PACK, SavedPlan
+from ._state import ForwardState
 from ._wrapper import CheckpointWrapper
 
 __all__ = ["SavedTensorWrapper"]
@@ -193,17 +195,14 @@ class SavedTensorWrapper(CheckpointWrapper):
         """Run the wrapped module's forward with the plan's saved-tensor hooks."""
         if not torch.is_grad_enabled():
             return self.module(*args, **kwargs)
-        run = _Run(self, _tensors((args, kwargs)))
-        backend = self._backend_ref.get()
-        host = torch.get_rng_state()
-        device = backend.get_rng_state() if backend is not None else None
+        inputs = _tensors((args, kwargs))
+        run = _Run(self, inputs)
+        state = ForwardState.capture(self._backend_ref.get() or accel.get_backend(), True, inputs)
         try:
             with torch.autograd.graph.saved_tensors_hooks(run.pack, run.unpack):
                 return self.module(*args, **kwargs)
         except CheckpointError:
-            torch.set_rng_state(host)
-            if backend is not None and device is not None:
-                backend.set_rng_state(device)
+            state.restore_rng()
             raise
 
     def extra_repr(self) -> str:

@@ -1,14 +1,17 @@
-"""Fixtures for the core tests: fake installed plugin distributions."""
+"""Fixtures for the core tests: fake installed plugin distributions, replaced specs."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import accel
+from accel import _select
+from accel._discovery import Catalog
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -56,3 +59,21 @@ def reserved_site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = _install(monkeypatch, "reserved_site")
     yield path
     _forget_fake_modules()
+
+
+ReplaceSpec = Callable[..., None]
+
+
+@pytest.fixture
+def replace_spec(monkeypatch: pytest.MonkeyPatch) -> ReplaceSpec:
+    """``replace_spec(name, **changes)``: the built-in backend ``name``'s spec, changed,
+    for the rest of the test (as a plugin could have written it)."""
+
+    def apply(name: str, **changes: object) -> None:
+        catalog = _select._loaded_catalog()
+        entry = catalog.entries[name]
+        entries = dict(catalog.entries)
+        entries[name] = replace(entry, specs=(replace(entry.spec, **changes),))
+        monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
+
+    return apply

@@ -17,8 +17,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
@@ -32,7 +32,6 @@ import accel
 import accel.distributed
 from accel import AccelError, _select
 from accel._compat import FSDP2_MIN_RELEASE_OFF_CUDA, fsdp2_fully_shard, torch_release
-from accel._discovery import Catalog
 from accel.distributed import DistributedSetupError
 from backends._common import checked_index
 from backends.cpu import CpuBackend
@@ -334,24 +333,19 @@ def test_hpu_reports_one_device_whatever_the_card_count(
     assert _set_device_calls(backend) == [(0,)]
 
 
-def _cpu_binding_at_creation(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make the cpu backend one that binds its device when created, as a plugin could."""
-    catalog = _select._loaded_catalog()
-    entry = catalog.entries["cpu"]
-    spec = replace(entry.spec, binds_device_at_creation=True)
-    entries = {**catalog.entries, "cpu": replace(entry, specs=(spec,))}
-    monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
-
-
 @pytest.mark.parametrize("name", ["hpu", "cpu"])
 def test_a_local_rank_other_than_the_one_at_creation_is_refused(
-    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, request: pytest.FixtureRequest, name: str
+    fake_init: FakeInit,
+    torchrun_env: pytest.MonkeyPatch,
+    replace_spec: Callable[..., None],
+    request: pytest.FixtureRequest,
+    name: str,
 ) -> None:
     # hpu: the bridge chose card 1 from LOCAL_RANK=1; cpu: a plugin spec with the same flag.
     if name == "hpu":
         request.getfixturevalue("habana_double")
     else:
-        _cpu_binding_at_creation(torchrun_env)
+        replace_spec("cpu", binds_device_at_creation=True)
     backend = accel.get_backend(name)
     with pytest.raises(DistributedSetupError) as excinfo:
         accel.distributed.init_process_group(accel_backend=backend, local_rank=0)
@@ -390,9 +384,9 @@ def test_hpu_refused_before_the_bridge_is_imported(
 
 
 def test_a_binding_backend_is_refused_before_it_is_created(
-    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch
+    fake_init: FakeInit, torchrun_env: pytest.MonkeyPatch, replace_spec: Callable[..., None]
 ) -> None:
-    _cpu_binding_at_creation(torchrun_env)
+    replace_spec("cpu", binds_device_at_creation=True)
     torchrun_env.setenv("ACCEL", "cpu")
     torchrun_env.delenv("LOCAL_RANK")
     with pytest.raises(DistributedSetupError, match="LOCAL_RANK was unset when the cpu backend"):

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable
 
 import pytest
 
@@ -88,38 +88,32 @@ def test_concurrent_first_calls_discover_once(monkeypatch: pytest.MonkeyPatch) -
     assert len(results) == 16 and all(r is results[0] for r in results)
 
 
-def _with_replaced_spec(monkeypatch: pytest.MonkeyPatch, name: str, **changes: object) -> None:
-    catalog = _select._loaded_catalog()
-    entry = catalog.entries[name]
-    entries = dict(catalog.entries)
-    entries[name] = replace(entry, specs=(replace(entry.spec, **changes),))
-    monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
-
-
-def test_failed_factory_is_reported_and_nothing_is_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_factory_is_reported_and_nothing_is_cached(
+    replace_spec: Callable[..., None],
+) -> None:
     def broken() -> accel.Accelerator:
         raise OSError("driver went away")
 
-    _with_replaced_spec(monkeypatch, "cpu", factory=broken)
+    replace_spec("cpu", factory=broken)
     with pytest.raises(accel.BackendUnavailableError) as info:
         accel.get_backend("cpu")
     assert "could not be created: OSError: driver went away" in str(info.value)
     assert "cpu" not in _select._instances
 
 
-def test_probe_that_raises_is_unavailable_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_that_raises_is_unavailable_not_fatal(replace_spec: Callable[..., None]) -> None:
     def exploding_probe() -> accel.Availability:
         raise RuntimeError("probe exploded")
 
-    _with_replaced_spec(monkeypatch, "mps", probe=exploding_probe)
+    replace_spec("mps", probe=exploding_probe)
     row = next(info for info in accel.list_backends() if info.name == "mps")
     assert not row.available
     assert row.reason == "its availability check raised RuntimeError: probe exploded."
     assert accel.get_backend().name != "mps"
 
 
-def test_probe_returning_the_wrong_type_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    _with_replaced_spec(monkeypatch, "mps", probe=lambda: True)
+def test_probe_returning_the_wrong_type_is_unavailable(replace_spec: Callable[..., None]) -> None:
+    replace_spec("mps", probe=lambda: True)
     row = next(info for info in accel.list_backends() if info.name == "mps")
     assert row.reason == "its availability check returned bool, not accel.Availability."
 
