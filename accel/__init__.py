@@ -13,8 +13,6 @@ Importing accel loads no plugin, initialises no device and imports no vendor lib
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ._discovery import PluginFailure, Provider
 from ._errors import (
     AccelError,
@@ -43,6 +41,7 @@ from ._select import (
     select_backend,
 )
 from ._spec import Availability, BackendSpec
+from ._version import __version__ as __version__
 
 __all__ = [
     "AccelError",
@@ -75,14 +74,3 @@ __all__ = [
     "reset_backends",
     "select_backend",
 ]
-
-if TYPE_CHECKING:
-    __version__: str
-
-
-def __getattr__(name: str) -> str:
-    if name == "__version__":
-        from ._discovery import accel_version
-
-        return accel_version()
-    raise AttributeError(f"module 'accel' has no attribute {name!r}")

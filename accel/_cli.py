@@ -41,6 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="List accel backends and show which one get_backend() would pick.",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print accel's, torch's and Python's versions and exit",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     conformance = commands.add_parser(
         "conformance",
@@ -52,9 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser(
         "demo",
         help="train a small GPT plain, checkpointed and offloaded, and compare",
-        description="Train a small GPT three ways on the selected backend (plain, with "
-        "accel's activation checkpointing, with offload) and compare step time, memory, "
-        "final loss and gradients.",
+        description="Train a small GPT four ways on the selected backend (plain, with "
+        "accel's activation checkpointing, with offload, checkpointed to half the plain "
+        "activation memory) and compare step time, memory, final loss and gradients.",
     )
     add_demo_arguments(demo)
     args, extra = parser.parse_known_args(argv)
@@ -66,6 +71,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sys.stderr.write(f"{_PROG}: error: {exc}\n")
         return 1
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's own, but imports torch only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        import platform
+
+        import torch
+
+        sys.stdout.write(
+            f"accel {accel_version()} (torch {torch.__version__}, "
+            f"Python {platform.python_version()})\n"
+        )
+        parser.exit()
 
 
 def _dispatch(

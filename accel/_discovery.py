@@ -18,8 +18,9 @@ import pluggy
 
 from . import _env
 from ._errors import PluginLoadError, PluginLoadWarning
-from ._hookspecs import DISTRIBUTION_NAME, PROJECT_NAME, BackendHookSpecs
+from ._hookspecs import PROJECT_NAME, BackendHookSpecs
 from ._spec import BackendSpec
+from ._version import __version__
 from ._warn import warn
 
 __all__ = [
@@ -116,11 +117,8 @@ class Catalog:
 
 
 def accel_version() -> str:
-    """Return the installed accel version, or ``0+unknown`` when run from a bare checkout."""
-    try:
-        return metadata.version(DISTRIBUTION_NAME)
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    """Return accel's version (from ``accel/_version.py``, which the wheel's metadata reads)."""
+    return __version__
 
 
 def discover() -> Catalog:

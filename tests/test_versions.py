@@ -56,3 +56,39 @@ def test_running_versions_are_supported() -> None:
 def test_classifiers_cover_the_matrix() -> None:
     for minor in range(int(_matrix("OLDEST_PYTHON").split(".")[1]), 14):
         assert f'"Programming Language :: Python :: 3.{minor}",' in PYPROJECT
+
+
+def test_version_is_written_once() -> None:
+    import accel
+
+    assert 'dynamic = ["version"]' in PYPROJECT
+    assert 'version = { attr = "accel._version.__version__" }' in PYPROJECT
+    project_table = PYPROJECT.split("\n[project]\n", 1)[1].split("\n[", 1)[0]
+    assert not re.search(r"^version = ", project_table, flags=re.MULTILINE)
+    written = re.findall(
+        r'^__version__ = "([^"]+)"$',
+        (ROOT / "accel" / "_version.py").read_text(),
+        flags=re.MULTILINE,
+    )
+    assert written == [accel.__version__]
+
+
+def test_changelog_covers_the_version() -> None:
+    import accel
+
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    released = re.search(
+        rf"^## \[{re.escape(accel.__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$",
+        changelog,
+        flags=re.MULTILINE,
+    )
+    # Until a version is tagged, its changes sit under "Unreleased".
+    assert released or "\n## [Unreleased]\n" in changelog
+
+
+def test_license_is_the_declared_one() -> None:
+    assert 'license = "Apache-2.0"' in PYPROJECT
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License\n                           Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert "example.invalid" not in PYPROJECT

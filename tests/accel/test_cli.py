@@ -80,7 +80,8 @@ def test_unknown_arguments_are_rejected(capsys: pytest.CaptureFixture[str]) -> N
 def test_console_script_is_installed() -> None:
     import shutil
 
-    script = shutil.which("accel")
+    # The script sits beside this interpreter, whether or not its venv is activated.
+    script = shutil.which("accel", path=str(Path(sys.executable).parent))
     assert script is not None
     result = subprocess.run([script, "--json"], capture_output=True, text=True, timeout=120)
     assert json.loads(result.stdout)["backends"]
@@ -117,3 +118,19 @@ def test_bad_flag_value_is_one_sentence() -> None:
 def test_demo_with_a_bad_accel_is_one_sentence() -> None:
     result = _run("demo", "--steps", "1", env_accel="bogus")
     _assert_one_sentence_error(result, "ACCEL='bogus' is not a known backend.")
+
+
+def test_version_names_accel_torch_and_python(capsys: pytest.CaptureFixture[str]) -> None:
+    import platform
+
+    import torch
+
+    import accel
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == (
+        f"accel {accel.__version__} (torch {torch.__version__}, "
+        f"Python {platform.python_version()})\n"
+    )
