@@ -118,23 +118,21 @@ class Done:
 
 
 def last_json(stdout: str) -> dict[str, Any]:
-    """The last line of ``stdout`` that is a JSON object (warnings go to stderr)."""
-    for line in reversed(stdout.splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                return value
-    try:  # a pretty-printed document (python -m accel --json)
-        value = json.loads(stdout[stdout.index("{") :])
-    except ValueError as exc:
-        raise ValueError(f"no JSON object on stdout: {stdout[-300:]!r}") from exc
-    if not isinstance(value, dict):
-        raise ValueError("the JSON on stdout is not an object")
-    return value
+    """The JSON object on ``stdout`` (warnings go to stderr, which is never parsed).
+
+    Either the whole output from its first ``{`` (a pretty-printed document, as
+    ``python -m accel --json`` writes), or the last line that is a JSON object.
+    """
+    candidates = [stdout[stdout.index("{") :]] if "{" in stdout else []
+    candidates += [line for line in reversed(stdout.splitlines()) if line.startswith("{")]
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    raise ValueError(f"no JSON object on stdout: {stdout[-300:]!r}")
 
 
 class Runner:
