@@ -38,6 +38,13 @@ WHEELS_TO_BRING = (
         "--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 numpy -d .whl",
         "only where `python3 -c 'import numpy'` fails there (the lent GPU image has numpy 2.5)",
     ),
+    (
+        "accel_hal-<version>-py3-none-any.whl",
+        "pip wheel --no-deps . -w .whl",
+        "optional: installed first, it needs no setuptools there (else pip builds the "
+        "working tree with the environment's setuptools, which must satisfy "
+        "[build-system] requires)",
+    ),
 )
 
 
