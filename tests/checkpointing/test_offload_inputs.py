@@ -13,6 +13,7 @@ from torch import nn
 
 import checkpointing._non_reentrant as non_reentrant
 import checkpointing._offload as offload
+from accel import Accelerator
 from backends.cpu import CpuBackend
 from checkpointing import checkpoint_wrapper
 
@@ -79,3 +80,20 @@ def test_witness_follows_views_and_holds_no_memory() -> None:
     base[0] = 1.0  # a write through the base bumps the shared counter, as autograd sees it
     with pytest.raises(RuntimeError, match="checkpointing: one of the variables"):
         offload.restore(item, CpuBackend())
+
+
+@pytest.mark.accel("cuda")
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_in_place_write_raises_on_cuda(accel_backend: Accelerator, reentrant: bool) -> None:
+    # The real device path (side-stream copy to pinned memory), where autograd alone
+    # would not notice the write.
+    device = accel_backend.device()
+    layer = nn.Linear(8, 8).to(device)
+    wrapped = checkpoint_wrapper(
+        layer, offload_to_cpu=True, use_reentrant=reentrant, backend=accel_backend
+    )
+    h = torch.randn(4, 8, device=device, requires_grad=True) * 2
+    y = wrapped(h)
+    h += y
+    with pytest.raises(RuntimeError, match=f"checkpointing: {AUTOGRAD_ERROR}"):
+        y.square().sum().backward()
