@@ -155,3 +155,60 @@ def test_install_plan_needs_no_index(tmp_path: Path, monkeypatch: pytest.MonkeyP
     (tmp_path / "numpy-2.5.2-cp312-cp312-manylinux_2_27_x86_64.whl").write_bytes(b"")
     chosen, missing = provision.fairscale_wheels(tmp_path)
     assert [path.name.split("-")[0] for path in chosen] == ["fairscale", "numpy"] and not missing
+
+
+def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bench_offload's device mode on CPU: a host backend that claims streams, a stand-in
+    # for fairscale that runs out of memory under the first cap, and the cap recorded.
+    import argparse
+    import types
+
+    import bench_offload
+    from torch import nn
+
+    from backends.cpu import CpuBackend
+
+    events: list[str] = []
+    caps: list[int] = []
+
+    class Streaming(CpuBackend):
+        supports_streams = True  # type: ignore[assignment]
+
+    class FakeFairscale(nn.Module):
+        def __init__(self, model: nn.Module, **options: Any) -> None:
+            super().__init__()
+            self.model = model
+            events.append(f"fairscale built under {caps[-1]}")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if caps[-1] < 2 * caps[0]:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+            return self.model(x)
+
+    module = types.ModuleType("fairscale.experimental.nn.offload")
+    module.OffloadModel = FakeFairscale  # type: ignore[attr-defined]
+    for name in ("fairscale", "fairscale.experimental", "fairscale.experimental.nn"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fairscale.experimental.nn.offload", module)
+    monkeypatch.setattr(bench_offload, "limit_device_memory", lambda b, cap: caps.append(cap))
+    ours = bench_offload.OffloadModel
+
+    def recorded_ours(*args: Any, **kwargs: Any) -> Any:
+        events.append("ours built")
+        return ours(*args, **kwargs)
+
+    monkeypatch.setattr(bench_offload, "OffloadModel", recorded_ours)
+    args = argparse.Namespace(
+        budget_gib=2**-20, min_ratio=4.0, blocks=2, width=16, tokens=8, slices=0,
+        microbatches=1, steps=1, fairscale_retry_gib=2**-19,
+    )  # fmt: skip
+    payload = bench_offload.device_mode(Streaming(), args)
+
+    assert events == ["ours built", "fairscale built under 1024", "fairscale built under 2048"]
+    attempts = payload["fairscale"]["attempts"]
+    assert [a["outcome"] for a in attempts] == ["out of memory", "timed"]
+    assert "Tried to allocate" in attempts[0]["error"]
+    assert "out of memory under the" in payload["targets"]["speedup_vs_fairscale"]["note"]
+    assert set(payload["median_step_s"]) >= {"offload.OffloadModel", "fairscale OffloadModel"}
