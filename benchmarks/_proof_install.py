@@ -95,6 +95,14 @@ def unmet_build_requirements(requirements: list[str]) -> list[str]:
     return unmet
 
 
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def install_commands(python: str, wheels: Path) -> tuple[list[list[str]], str]:
     """The pip commands to try in order, and the sentence to print when none can work."""
     pip = [python, "-m", "pip", "install", "--no-deps", "--no-index"]
@@ -103,13 +111,15 @@ def install_commands(python: str, wheels: Path) -> tuple[list[list[str]], str]:
     if built:
         commands.append([*pip, str(built[-1])])
     unmet = unmet_build_requirements(build_requirements())
-    if not unmet:
+    # Tried with any setuptools: pip does not check the build requirements without
+    # isolation, and setuptools 70.1 or later builds without the wheel package.
+    if _installed("setuptools"):
         commands.append([*pip, "--no-build-isolation", "-e", "."])
     if wheels.is_dir() and any(wheels.glob("setuptools-*.whl")):
         commands.append([*pip, "--find-links", str(wheels), "-e", "."])
     advice = (
-        f"Nothing can install accel with no index here ({'; '.join(unmet) or 'pip failed'}): "
-        f"bring a built wheel (python -m build --wheel -o {wheels.name}) or setuptools>=69 "
+        f"Nothing installed accel with no index here ({'; '.join(unmet) or 'pip failed'}): "
+        f"bring a built wheel (pip wheel --no-deps . -w {wheels.name}) or setuptools>=69 "
         f"and wheel as wheels (pip download setuptools wheel -d {wheels.name}) in {wheels}/."
     )
     return commands, advice
