@@ -167,8 +167,8 @@ class Runner:
             step.limit_s = max(0, round(limit))
             print(f"    granted {limit:.0f} s (limit {LIMITS[step.name]} s)", flush=True)
         step.command_count += 1
-        if limit <= 0:
-            step.status, step.reason = "skipped", "out of time: the budget is spent"
+        if limit <= 0:  # a failure: what this step proves is missing
+            step.status, step.reason = "failed", "out of time: the budget is spent"
             return None
         out_path, err_path = self.workdir / f"{step.name}.out", self.workdir / f"{step.name}.err"
         began = time.monotonic()

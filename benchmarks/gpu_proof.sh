@@ -10,6 +10,7 @@
 # benchmark target in the JSON written (met / MISSED / NOT PROVEN). See gpu_proof.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python}"
-command -v "$PYTHON" >/dev/null || PYTHON=python3
+# python3 first: on the lent GPU image it is the Python that holds torch.
+PYTHON="${PYTHON:-python3}"
+command -v "$PYTHON" >/dev/null || PYTHON=python
 exec "$PYTHON" benchmarks/gpu_proof.py "$@"
