@@ -20,9 +20,9 @@ import torch
 
 from accel import Accelerator
 
-OUT_OF_MEMORY: tuple[type[BaseException], ...] = tuple(
-    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
-)
+# torch.cuda.OutOfMemoryError exists on every supported release (newer ones also name the
+# same class torch.OutOfMemoryError).
+OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
 
 
 def empty_host_cache() -> str:

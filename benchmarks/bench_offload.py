@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _offload_compare import release_memory, speedup_target, time_under_caps
+from _offload_compare import OUT_OF_MEMORY, release_memory, speedup_target, time_under_caps
 from _report import print_table, write_results
 from torch import nn
 
@@ -220,7 +220,7 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
             baseline.zero_grad(set_to_none=True)
 
         results["in-device baseline (no budget)"] = timed_steps(backend, baseline_step, args.steps)
-    except torch.OutOfMemoryError:
+    except OUT_OF_MEMORY:
         print("the in-device baseline does not fit; compute time is estimated per slice")
     finally:
         baseline = None  # type: ignore[assignment]

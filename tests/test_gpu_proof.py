@@ -66,7 +66,7 @@ def test_fairscale_out_of_memory_is_recorded_and_retried_under_a_raised_cap() ->
 
     def build() -> str:
         if caps[-1] < 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB")
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB")
         return "model"
 
     times, record = time_under_caps(
@@ -184,7 +184,7 @@ def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if caps[-1] < 2 * caps[0]:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
             return self.model(x)
 
     module = types.ModuleType("fairscale.experimental.nn.offload")
