@@ -362,6 +362,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="no fairscale comparison is expected: its absence is not a failure",
     )
     parser.add_argument("--keep-venv", action="store_true", help="keep the virtual environment")
+    parser.add_argument(
+        "--copy-results",
+        metavar="DIR",
+        default=None,
+        help="also copy the JSON files written into DIR (a lent machine returns only its "
+        'output folder, e.g. --copy-results "$OUT")',
+    )
     return parser.parse_args(argv)
 
 
@@ -385,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
         files = [REPO / name for step in runner.steps for name in step.files]
         found = verdicts(files, without_fairscale=args.without_fairscale)
         path = write_summary(runner, found)
+        if args.copy_results:
+            Path(args.copy_results).mkdir(parents=True, exist_ok=True)
+            for written in [*files, path]:
+                if written.is_file():
+                    shutil.copy2(written, Path(args.copy_results) / written.name)
         if args.keep_venv:
             print(f"virtual environment kept in {runner.workdir / 'venv'}")
         else:

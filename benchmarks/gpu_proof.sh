@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command proof on a machine with one CUDA GPU and no network:
 #   bash benchmarks/gpu_proof.sh [--part all|bench|tests] [--wheels DIR] [--budget-s 540]
-#                                [--without-fairscale] [--keep-venv]
+#                                [--without-fairscale] [--keep-venv] [--copy-results DIR]
 #   bash benchmarks/gpu_proof.sh --dry-run   # wheels to bring, each step's limit, CPU steps
 # Installs accel with no index into a throwaway venv layered on this environment (a built
 # accel_hal wheel from --wheels, default .whl/, else --no-build-isolation -e .), runs
