@@ -117,10 +117,11 @@ def install_commands(python: str, wheels: Path) -> tuple[list[list[str]], str]:
         commands.append([*pip, "--no-build-isolation", "-e", "."])
     if wheels.is_dir() and any(wheels.glob("setuptools-*.whl")):
         commands.append([*pip, "--find-links", str(wheels), "-e", "."])
+    needed = " ".join(f"'{r}'" for r in build_requirements()) or "setuptools"
     advice = (
         f"Nothing installed accel with no index here ({'; '.join(unmet) or 'pip failed'}): "
-        f"bring a built wheel (pip wheel --no-deps . -w {wheels.name}) or setuptools>=69 "
-        f"and wheel as wheels (pip download setuptools wheel -d {wheels.name}) in {wheels}/."
+        f"bring a built wheel (pip wheel --no-deps . -w {wheels.name}) or the build "
+        f"requirements as wheels (pip download {needed} -d {wheels.name}) in {wheels}/."
     )
     return commands, advice
 
