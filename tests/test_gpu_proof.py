@@ -163,6 +163,7 @@ def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
     # bench_offload's device mode on CPU: a host backend that claims streams, a stand-in
     # for fairscale that runs out of memory under the first cap, and the cap recorded.
     import argparse
+    import gc
     import types
 
     import bench_offload
@@ -200,6 +201,7 @@ def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
         return ours(*args, **kwargs)
 
     monkeypatch.setattr(bench_offload, "OffloadModel", recorded_ours)
+    monkeypatch.setattr(gc, "collect", lambda *args: 0)  # a full collection is slow here
     args = argparse.Namespace(
         budget_gib=2**-20, min_ratio=4.0, blocks=2, width=16, tokens=8, slices=0,
         microbatches=1, steps=1, fairscale_retry_gib=2**-19,
