@@ -7,8 +7,10 @@ per-process memory fraction), and the script reports:
 * pinned host-to-device and device-to-host bandwidth, measured first;
 * the step time (forward + backward, until the gradients are in host memory; the host
   optimizer step is the same for every wrapper and is left out) of the in-device
-  baseline where the model fits without the budget, of fairscale's OffloadModel on the
-  same model and slices (only when ``import fairscale`` works), and of ours;
+  baseline where the model fits without the budget, of ours, and then of fairscale's
+  OffloadModel on the same model and slices (only when ``import fairscale`` works; an
+  out-of-memory error under the budget is recorded, and it is timed again under
+  ``--fairscale-retry-gib``: see ``_offload_compare.py``);
 * throughput against fairscale (target >= 2.5x) and overlap efficiency, defined as
   max(compute time, transfer time at the measured bandwidth) / step time (target >= 0.85).
 
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _offload_compare import OUT_OF_MEMORY, release_memory, speedup_target, time_under_caps
 from _report import print_table, write_results
 from torch import nn
 
@@ -218,39 +220,16 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
             baseline.zero_grad(set_to_none=True)
 
         results["in-device baseline (no budget)"] = timed_steps(backend, baseline_step, args.steps)
-    except torch.OutOfMemoryError:
+    except OUT_OF_MEMORY:
         print("the in-device baseline does not fit; compute time is estimated per slice")
     finally:
         baseline = None  # type: ignore[assignment]
-        gc.collect()
-        backend.empty_cache()
+        release_memory(backend)  # and the pinned bandwidth buffer, cached by torch
 
     limit_device_memory(backend, budget)
 
-    try:
-        from fairscale.experimental.nn.offload import OffloadModel as FairscaleOffload
-    except ImportError:
-        FairscaleOffload = None
-        print("fairscale is not installed: its OffloadModel is not compared")
-    if FairscaleOffload is not None:
-        theirs = FairscaleOffload(
-            copy.deepcopy(reference),
-            device=device,
-            offload_device=torch.device("cpu"),
-            num_slices=slices,
-            checkpoint_activation=True,
-            num_microbatches=micro,
-        )
-
-        def fairscale_step() -> None:
-            theirs(x.to(device)).square().mean().backward()
-            theirs.zero_grad(set_to_none=True)
-
-        results["fairscale OffloadModel"] = timed_steps(backend, fairscale_step, args.steps)
-        del theirs
-        gc.collect()
-        backend.empty_cache()
-
+    # Ours first: fairscale may run out of memory under the cap, and must not take our
+    # figures with it.
     ours = OffloadModel(
         copy.deepcopy(reference),
         num_slices=slices,
@@ -259,13 +238,21 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         backend=backend,
     )
 
-    def ours_step() -> None:
-        ours(x).square().mean().backward()
-        ours.zero_grad(set_to_none=True)
+    def ours_step(model: nn.Module = ours) -> None:
+        model(x).square().mean().backward()
+        model.zero_grad(set_to_none=True)
 
     backend.reset_peak_memory_stats()
     results["offload.OffloadModel"] = timed_steps(backend, ours_step, args.steps)
+    del ours_step
     peak = backend.max_memory_allocated()
+    del ours
+    host_cache = release_memory(backend)
+
+    fairscale_times, fairscale = compare_fairscale(backend, reference, x, args, slices, micro)
+    if fairscale_times is not None:
+        results["fairscale OffloadModel"] = fairscale_times
+    print(f"fairscale OffloadModel: {fairscale['result']}")
 
     medians = {name: statistics.median(values) for name, values in results.items()}
     step_time = medians["offload.OffloadModel"]
@@ -305,21 +292,14 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
             "met": overlap >= OVERLAP_TARGET,
         }
     }
-    if "fairscale OffloadModel" in medians:
-        speedup = medians["fairscale OffloadModel"] / step_time
-        summary.append(
-            (
-                "throughput vs fairscale",
-                f"{speedup:.2f}x",
-                f">= {FAIRSCALE_SPEEDUP_TARGET}x",
-                speedup >= FAIRSCALE_SPEEDUP_TARGET,
-            )
+    if fairscale["result"] != "not installed":
+        speedup = speedup_target(
+            medians.get("fairscale OffloadModel"), step_time, fairscale, FAIRSCALE_SPEEDUP_TARGET
         )
-        targets["speedup_vs_fairscale"] = {
-            "value": speedup,
-            "target": FAIRSCALE_SPEEDUP_TARGET,
-            "met": speedup >= FAIRSCALE_SPEEDUP_TARGET,
-        }
+        shown = "-" if speedup["value"] is None else f"{speedup['value']:.2f}x"
+        met = "NOT PROVEN" if speedup["met"] is None else speedup["met"]
+        summary.append(("throughput vs fairscale", shown, f">= {FAIRSCALE_SPEEDUP_TARGET}x", met))
+        targets["speedup_vs_fairscale"] = speedup
     print()
     print_table(("measure", "value", "target", "met"), summary)
     return {
@@ -338,10 +318,54 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         "median_step_s": medians,
         "step_times_s": results,
         "peak_device_bytes": peak,
+        "fairscale": fairscale,
+        "host_cache_release": host_cache,
         "transfer_time_s": transfer,
         "compute_time_s": compute,
         "targets": targets,
     }
+
+
+def compare_fairscale(
+    backend: Accelerator,
+    reference: nn.Module,
+    x: torch.Tensor,
+    args: argparse.Namespace,
+    slices: int,
+    micro: int,
+) -> tuple[list[float] | None, dict[str, Any]]:
+    """Time fairscale's OffloadModel under the cap, then a raised cap if it runs out."""
+    try:
+        from fairscale.experimental.nn.offload import OffloadModel as FairscaleOffload
+    except ImportError as exc:
+        return None, {"result": "not installed", "error": str(exc)}
+    device = backend.device()
+
+    def build() -> nn.Module:
+        return FairscaleOffload(
+            copy.deepcopy(reference),
+            device=device,
+            offload_device=torch.device("cpu"),
+            num_slices=slices,
+            checkpoint_activation=True,
+            num_microbatches=micro,
+        )
+
+    def time_steps(theirs: nn.Module) -> list[float]:
+        def fairscale_step() -> None:
+            theirs(x.to(device)).square().mean().backward()
+            theirs.zero_grad(set_to_none=True)
+
+        return timed_steps(backend, fairscale_step, args.steps)
+
+    caps = [args.budget_gib] + ([args.fairscale_retry_gib] if args.fairscale_retry_gib else [])
+    return time_under_caps(
+        caps,
+        build,
+        time_steps,
+        lambda cap: limit_device_memory(backend, int(cap * 2**30)),
+        lambda: release_memory(backend),
+    )
 
 
 def host_copies(label: str) -> None:
@@ -374,6 +398,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="timed steps (20 host, 5 device)")
     parser.add_argument("--budget-gib", type=float, default=3.0, help="device memory allowed")
     parser.add_argument("--min-ratio", type=float, default=4.0, help="model size / budget")
+    parser.add_argument(
+        "--fairscale-retry-gib",
+        type=float,
+        default=6.0,
+        help="cap for a second fairscale run if it runs out of memory under --budget-gib "
+        "(0: no second run)",
+    )
     parser.add_argument("--blocks", type=int, default=24, help="MLP blocks (device mode)")
     parser.add_argument("--width", type=int, default=4096, help="model width (device mode)")
     parser.add_argument("--tokens", type=int, default=4096, help="rows per step (device mode)")

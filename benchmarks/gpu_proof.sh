@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# One-command proof on a machine with one CUDA GPU (no network needed):
-#   bash benchmarks/gpu_proof.sh [--wheels DIR] [--budget-s 540] [--keep-venv]
-#   bash benchmarks/gpu_proof.sh --dry-run      # every step on CPU, CUDA steps skipped
-# Installs accel (pip install --no-deps -e .) into a throwaway virtual environment on top
-# of the system's packages, runs the CUDA conformance suite, every CUDA test,
-# bench_checkpoint.py and bench_offload.py on cuda, and fairscale 0.4.13's OffloadModel
-# side by side (its wheel taken from --wheels, default .whl/). Results: JSON under
-# benchmarks/results/ and a summary table. Steps and limits: benchmarks/gpu_proof.py.
+# One-command proof on a machine with one CUDA GPU and no network:
+#   bash benchmarks/gpu_proof.sh [--part all|bench|tests] [--wheels DIR] [--budget-s 540]
+#                                [--without-fairscale] [--keep-venv] [--copy-results DIR]
+#   bash benchmarks/gpu_proof.sh --dry-run   # wheels to bring, each step's limit, CPU steps
+# Installs accel with no index into a throwaway venv layered on this environment (a built
+# accel_hal wheel from --wheels, default .whl/, else --no-build-isolation -e .), runs
+# bench_offload.py first (ours, then fairscale 0.4.13 from --wheels), bench_checkpoint.py on
+# a GPU-sized model, the CUDA conformance suite and every CUDA test, then checks each
+# benchmark target in the JSON written (met / MISSED / NOT PROVEN). See gpu_proof.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-python}"
-command -v "$PYTHON" >/dev/null || PYTHON=python3
+# python3 first: on the lent GPU image it is the Python that holds torch.
+PYTHON="${PYTHON:-python3}"
+command -v "$PYTHON" >/dev/null || PYTHON=python
 exec "$PYTHON" benchmarks/gpu_proof.py "$@"

@@ -15,6 +15,13 @@ with events:
 
 Tensors already in host memory are kept as they are: on a host backend offloading
 copies nothing.
+
+A stashed input bypasses ``save_for_backward``, and autograd checks no version counter
+through saved-tensor hooks, so an in-place write to the input after the forward
+(``x += attn(x)``) would go unnoticed on a device while the host path (which saves the
+tensor itself) raises. Each :class:`HostCopy` therefore keeps a witness sharing the
+input's version counter (no memory) and :func:`restore` raises autograd's error when
+the version moved, whatever the device.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import torch
 
 from accel import Accelerator
 
-__all__ = ["HostCopy", "restore", "stash", "wait_for_copies"]
+__all__ = ["HostCopy", "check_version", "restore", "stash", "version_witness", "wait_for_copies"]
 
 
 @dataclass
@@ -40,12 +47,47 @@ class HostCopy:
         requires_grad: The original tensor's ``requires_grad``.
         copied: An event that completes when ``host`` holds the values, or ``None``
             where the copy ran on the current stream.
+        witness: An empty tensor sharing the original's version counter (see
+            :func:`version_witness`), or ``None`` where no check is made.
+        version: The original's version when it was stashed.
     """
 
     host: torch.Tensor
     device: torch.device
     requires_grad: bool
     copied: Any = None
+    witness: torch.Tensor | None = None
+    version: int = 0
+
+
+def version_witness(tensor: torch.Tensor) -> torch.Tensor:
+    """Return an empty host tensor that shares ``tensor``'s version counter.
+
+    ``detach()`` shares the version counter (and the storage); swapping the detached
+    tensor's ``.data`` for an empty one keeps the counter and drops the storage, so the
+    witness follows every in-place write to ``tensor`` (or a view of its base) without
+    keeping its memory alive.
+    """
+    witness = tensor.detach()
+    witness.data = torch.empty(0, dtype=tensor.dtype)
+    return witness
+
+
+def check_version(item: HostCopy) -> None:
+    """Raise autograd's error if the stashed tensor was modified in place since."""
+    if item.witness is None or item.witness._version == item.version:
+        return
+    shape = list(item.host.shape)
+    raise RuntimeError(
+        "checkpointing: one of the variables needed for gradient computation has been "
+        "modified by an inplace operation: the checkpoint input offloaded to host memory "
+        f"([{item.host.dtype} {shape}] from {item.device}) is at version "
+        f"{item.witness._version}; expected version {item.version} instead. The "
+        "recomputation would read the values from before the write while the rest of "
+        "the graph sees them after it, so the gradients would be wrong. Write out of "
+        "place after the checkpoint (x = x + f(x) instead of x += f(x)), or clone the "
+        "input before writing to it."
+    )
 
 
 _streams_lock = threading.Lock()
@@ -92,15 +134,17 @@ def copy_to_host(tensor: torch.Tensor, backend: Accelerator) -> HostCopy:
         layout.shape, layout.stride()
     )
     data = tensor.detach()
+    witness, version = version_witness(tensor), tensor._version
     if not backend.supports_streams:
         host.copy_(data, non_blocking=pinned)
-        return HostCopy(host, tensor.device, tensor.requires_grad)
+        return HostCopy(host, tensor.device, tensor.requires_grad, None, witness, version)
     current = backend.current_stream()
     side = _side_stream(backend)
     side.wait_stream(current)
     with backend.stream(side):
         host.copy_(data, non_blocking=pinned)
-    return HostCopy(host, tensor.device, tensor.requires_grad, side.record_event())
+    copied = side.record_event()
+    return HostCopy(host, tensor.device, tensor.requires_grad, copied, witness, version)
 
 
 def wait_for_copies(stashed: list[Any], backend: Accelerator) -> None:
@@ -122,9 +166,14 @@ def restore(item: torch.Tensor | HostCopy, backend: Accelerator) -> torch.Tensor
 
     The returned tensor is ready for work queued on the current stream. Its
     ``requires_grad`` is the original's.
+
+    Raises:
+        RuntimeError: The original was modified in place after it was stashed (autograd's
+            error for a modified saved tensor, prefixed ``checkpointing:``).
     """
     if not isinstance(item, HostCopy):
         return item
+    check_version(item)
     pinned = backend.supports_pinned_memory
     restored = torch.empty_like(item.host, device=item.device)
     if backend.supports_streams:

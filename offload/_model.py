@@ -25,7 +25,7 @@ from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
 from ._run import Config, Pass, parameter_bytes, run_slice
 from ._slices import Residency
 from ._state import State, StateMachine
-from ._storage import SliceStorage, partition
+from ._storage import SliceStorage, pack_in_blocks, partition
 from ._transfer import HostPool, Transfers, resolve_backend, resolve_device
 
 __all__ = ["OffloadModel"]
@@ -351,6 +351,7 @@ def _pack_slices(
                 [b for layer in chunk for b in layer.buffers() if len(users[id(b)]) == 1],
                 transfers,
                 copy=copy,
+                allocate=False,
             )
         )
     shared = []
@@ -364,9 +365,12 @@ def _pack_slices(
             [t for t in group if not isinstance(t, nn.Parameter)],
             transfers,
             copy=copy,
+            allocate=False,
         )
         for k in users_of:
             # A slice whose only trainable parameters are shared still needs its backward.
             storages[k].trainable = storages[k].trainable or storage.trainable
         shared.append((storage, list(users_of)))
+    if copy:
+        pack_in_blocks([*storages, *(storage for storage, _ in shared)], transfers)
     return storages, shared

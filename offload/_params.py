@@ -22,7 +22,7 @@ from ._errors import OffloadConfigError
 from ._handle import ParameterOffload
 from ._registry import active_offloads, offloaded_roots
 from ._state import StateMachine
-from ._storage import SliceStorage
+from ._storage import SliceStorage, pack_in_blocks
 from ._transfer import Transfers, resolve_backend, resolve_device
 from ._units import Unit
 
@@ -67,17 +67,21 @@ def _build_units(
     for position, (unit_module, params) in enumerate(chosen):
         own = [p for p in params if len(users[id(p)]) == 1]
         label = f"module {names.get(id(unit_module), '?')!r} ({type(unit_module).__name__})"
-        storage = SliceStorage(position, label, [unit_module], own, [], transfers, copy=copy)
+        storage = SliceStorage(
+            position, label, [unit_module], own, [], transfers, copy=copy, allocate=False
+        )
         units.append(Unit(position, unit_module, storage, StateMachine(label)))
     for users_of, params in shared.items():
         index = len(units)
         modules = ", ".join(repr(names.get(id(chosen[k][0]), "?")) for k in users_of)
         label = f"parameters shared by modules {modules}"
-        storage = SliceStorage(index, label, [], params, [], transfers, copy=copy)
+        storage = SliceStorage(index, label, [], params, [], transfers, copy=copy, allocate=False)
         group = Unit(index, None, storage, StateMachine(label))
         units.append(group)
         for position in users_of:
             units[position].groups.append(group)
+    if copy:
+        pack_in_blocks([unit.storage for unit in units], transfers)
     return units
 
 

@@ -83,6 +83,10 @@ class Residency:
                 self._uses[user].append(len(self.slices) + offset)
         self._buffers = [_Buffer() for _ in range(self._ping + len(shared))]
         self._grads: dict[int, _Gradients] = {}
+        # Host gradients, one pinned block per dtype laid out like the parameters' block
+        # (see _storage.pack_in_blocks), and the storages whose part was handed out.
+        self._grad_blocks: dict[torch.dtype, torch.Tensor] = {}
+        self._grad_given: dict[torch.dtype, set[int]] = {}
         self.max_resident = 0
         self._capacity: list[dict[torch.dtype, int]] = [{} for _ in self._buffers]
         for index, storage in enumerate(self._storages):
@@ -316,10 +320,40 @@ class Residency:
                 continue
             dtype = entry.tensor.dtype
             if dtype not in fresh:
-                numel = max(storage.flats[dtype].numel, 1)
-                fresh[dtype] = self.transfers.empty_host((numel,), dtype)
+                fresh[dtype] = self._fresh_grads(storage, dtype)
             hosts[key] = entry.view(fresh[dtype])
         return hosts
+
+    def _fresh_grads(self, storage: SliceStorage, dtype: torch.dtype) -> torch.Tensor:
+        """Host memory for ``storage``'s new gradients of ``dtype``, never handed out before.
+
+        A storage placed in a shared block gets its part of a gradient block of the same
+        layout: one pinned allocation per dtype and pass instead of one per slice (each
+        rounded up to a power of two by torch's host allocator). The block is forgotten
+        once every trainable storage had its part, so that it is freed (and its cached
+        memory reused by the next pass) as soon as the gradients are dropped.
+        """
+        numel = max(storage.flats[dtype].numel, 1)
+        if dtype not in storage.block:
+            return self.transfers.empty_host((numel,), dtype)
+        offset, total = storage.block[dtype]
+        given = self._grad_given.setdefault(dtype, set())
+        block = self._grad_blocks.get(dtype)
+        if block is None or id(storage) in given:
+            block = self.transfers.empty_host((total,), dtype)
+            self._grad_blocks[dtype] = block
+            given.clear()
+        given.add(id(storage))
+        wanting = {
+            id(other)
+            for other in self._storages
+            if dtype in other.flats
+            and any(e.is_parameter and e.tensor.requires_grad for e in other.flats[dtype].entries)
+        }
+        if wanting <= given:
+            del self._grad_blocks[dtype]
+            given.clear()
+        return block.narrow(0, offset, numel)
 
     def drop_pending(self) -> None:
         """Forget gradients loaded for slices that were never attached."""

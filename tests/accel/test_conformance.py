@@ -121,6 +121,8 @@ def test_hpu_double_passes_with_device_tensor_checks_skipped(
         "test_rng.py::test_fork_rng_restores_on_exception[hpu]",
         "test_rng.py::test_fork_rng_disabled[hpu]",
         "test_ordering.py::test_mark_step_any_time[hpu]",
+        # Checked in a fresh process, so earlier tests' initialisation cannot skip it.
+        "test_identity.py::test_queries_do_not_initialise[hpu]",
     ):
         assert test_id in passed, (test_id, passed)
     # The double cannot allocate hpu tensors on stock torch: those checks skip, saying so.

@@ -108,7 +108,9 @@ def test_pinned_memory_is_allocated_pinned_once() -> None:
     backend = RecordingBackend()
     model = OffloadModel(make(), num_slices=3, backend=backend, checkpoint_activation=True)
     allocations_at_wrap = backend.count("empty_pinned")
-    assert allocations_at_wrap == 3  # one flat tensor per slice (one dtype)
+    # One block per dtype for every slice: torch's pinned allocator rounds each request
+    # up to a power of two, so one flat per slice would pay the rounding once per slice.
+    assert allocations_at_wrap == 1
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(4):
         model(torch.randn(4, 8)).sum().backward()
@@ -116,9 +118,10 @@ def test_pinned_memory_is_allocated_pinned_once() -> None:
         optimizer.zero_grad(set_to_none=False)
         if step == 0:
             first_step = backend.count("empty_pinned") - allocations_at_wrap
-    # The first step allocates the gradient buffers and the slices' saved inputs (3 each);
-    # later steps reuse them (gradients zeroed in place stay the same tensors).
-    assert first_step == 6
+    # The first step allocates one gradient block (laid out like the parameters' block)
+    # and the slices' saved inputs (3); later steps reuse them (gradients zeroed in place
+    # stay the same tensors).
+    assert first_step == 4
     assert backend.count("empty_pinned") == allocations_at_wrap + first_step
     # Page-locked memory is allocated as such, never pinned from a pageable copy.
     assert backend.count("pin_memory") == 0

@@ -1,0 +1,99 @@
+"""The GPU proof's verdict on the benchmarks' targets, read from the JSON they wrote.
+
+A benchmark exits 0 whatever its figures, so the proof reads each JSON file it collected
+and lists every target (any mapping with ``met``, ``value`` and ``target``, nested under
+``targets`` at any depth) as met, MISSED, or NOT PROVEN. A target the proof expects but
+finds no figure for (the comparison with fairscale, when fairscale was missing or could
+not run) is NOT PROVEN; both MISSED and NOT PROVEN fail the proof, unless the comparison
+is declared expected to be absent (``--without-fairscale``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Targets the proof expects from a benchmark's CUDA run, by benchmark name.
+EXPECTED = {
+    "offload": ("overlap_efficiency", "speedup_vs_fairscale"),
+}
+FAIRSCALE_TARGET = "speedup_vs_fairscale"
+
+
+@dataclass
+class Verdict:
+    """One target's outcome."""
+
+    benchmark: str
+    target: str
+    verdict: str  # met, MISSED, NOT PROVEN, not expected
+    detail: str
+
+    @property
+    def fails(self) -> bool:
+        return self.verdict in ("MISSED", "NOT PROVEN")
+
+
+def _leaves(targets: Any, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    if not isinstance(targets, dict):
+        return []
+    if "met" in targets:
+        return [(prefix, targets)]
+    found = []
+    for key, value in targets.items():
+        found += _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    return found
+
+
+def _describe(target: dict[str, Any]) -> str:
+    value, wanted = target.get("value"), target.get("target")
+    shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+    return f"value {shown}, wanted {wanted}" + (
+        f" ({target['note']})" if target.get("note") else ""
+    )
+
+
+def verdicts(files: list[Path], *, without_fairscale: bool = False) -> list[Verdict]:
+    """Every target in the JSON ``files``, with the expected ones that are absent."""
+    found: list[Verdict] = []
+    for path in files:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            found.append(Verdict(path.name, "-", "NOT PROVEN", f"unreadable JSON: {exc}"))
+            continue
+        name = str(document.get("benchmark", path.stem))
+        leaves = _leaves(document.get("targets", {}))
+        seen = set()
+        for target_name, target in leaves:
+            seen.add(target_name)
+            met = target.get("met")
+            verdict = {None: "NOT PROVEN", True: "met", "yes": "met"}.get(met, "MISSED")
+            if target_name == FAIRSCALE_TARGET and verdict == "NOT PROVEN" and without_fairscale:
+                verdict = "not expected"
+            found.append(Verdict(name, target_name, verdict, _describe(target)))
+        for expected in EXPECTED.get(name, ()):
+            if expected in seen:
+                continue
+            if expected == FAIRSCALE_TARGET and without_fairscale:
+                found.append(Verdict(name, expected, "not expected", "--without-fairscale"))
+                continue
+            reason = document.get("fairscale", {}).get("result", "no figure was written")
+            found.append(Verdict(name, expected, "NOT PROVEN", str(reason)))
+    return found
+
+
+def print_verdicts(found: list[Verdict]) -> None:
+    """Print the targets table."""
+    if not found:
+        print("targets: none collected")
+        return
+    rows = [("benchmark", "target", "verdict", "detail")] + [
+        (v.benchmark, v.target, v.verdict, v.detail) for v in found
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        cells = [row[i].ljust(widths[i]) for i in range(3)]
+        print("  ".join([*cells, row[3]]))

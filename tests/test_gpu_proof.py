@@ -1,0 +1,216 @@
+"""The GPU proof's logic on CPU: targets read from JSON, out-of-memory as a result, budgets,
+the no-index install plan, stdout-only JSON and per-step containment.
+
+What needs a GPU (the benchmarks' figures, fairscale's out-of-memory under the cap) runs
+only in ``bash benchmarks/gpu_proof.sh`` on a CUDA machine; CI runs its ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+
+
+def _write(path: Path, document: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_targets_are_read_from_the_json_met_missed_or_not_proven(tmp_path: Path) -> None:
+    from _proof_targets import verdicts
+
+    offload = _write(
+        tmp_path / "offload.json",
+        {
+            "benchmark": "offload",
+            "targets": {"overlap_efficiency": {"value": 0.4, "target": 0.85, "met": False}},
+            "fairscale": {"result": "not installed"},
+        },
+    )
+    checkpoint = _write(
+        tmp_path / "checkpoint.json",
+        {
+            "benchmark": "checkpoint",
+            "targets": {"non-reentrant": {"time": {"value": 1.01, "target": 1.02, "met": True}}},
+        },
+    )
+    found = {(v.benchmark, v.target): v for v in verdicts([offload, checkpoint])}
+    assert found["offload", "overlap_efficiency"].verdict == "MISSED"
+    assert found["offload", "speedup_vs_fairscale"].verdict == "NOT PROVEN"
+    assert "not installed" in found["offload", "speedup_vs_fairscale"].detail
+    assert found["checkpoint", "non-reentrant.time"].verdict == "met"
+    expected = verdicts([offload], without_fairscale=True)
+    assert [v.verdict for v in expected] == ["MISSED", "not expected"]
+
+
+def test_fairscale_out_of_memory_is_recorded_and_retried_under_a_raised_cap() -> None:
+    from _offload_compare import speedup_target, time_under_caps
+
+    caps: list[float] = []
+    released: list[float] = []
+
+    def build() -> str:
+        if caps[-1] < 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB")
+        return "model"
+
+    times, record = time_under_caps(
+        [3.0, 6.0], build, lambda model: [2.0, 2.0], caps.append, lambda: released.append(1)
+    )
+    assert times == [2.0, 2.0] and caps == [3.0, 6.0] and len(released) == 2
+    assert record["attempts"][0]["outcome"] == "out of memory"
+    assert "Tried to allocate" in record["attempts"][0]["error"]
+    assert record["result"] == "out of memory under the 3 GiB cap; timed under 6 GiB"
+    target = speedup_target(2.0, 0.5, record, 2.5)
+    assert target["met"] is True and "3 GiB" in target["note"]
+
+    never, record = time_under_caps([3.0], build, lambda model: [1.0], caps.append, lambda: 0)
+    assert never is None and record["result"].startswith("out of memory under every cap")
+    assert speedup_target(None, 0.5, record, 2.5)["met"] is None  # NOT PROVEN
+
+
+def test_dry_run_plan_lists_wheels_and_every_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    import gpu_proof
+
+    gpu_proof.print_plan(gpu_proof.parse_args(["--dry-run"]))
+    out = capsys.readouterr().out
+    assert "fairscale-0.4.13-py3-none-any.whl" in out and "numpy" in out
+    assert 'carry: [".whl"]' in out
+    for name, limit in gpu_proof.LIMITS.items():
+        assert f"{name.ljust(16)} {limit:4d} s" in out
+    # bench-offload, the main result, runs first among the GPU steps.
+    assert gpu_proof.PARTS["all"][0] == "bench-offload"
+    assert "--d-model" in gpu_proof.GPU_STEPS["bench-checkpoint"]
+
+
+def test_steps_get_the_root_on_pythonpath_json_from_stdout_and_fail_alone(
+    tmp_path: Path,
+) -> None:
+    import gpu_proof
+
+    runner = gpu_proof.Runner(gpu_proof.parse_args(["--dry-run"]))
+    assert runner.env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+
+    def broken(step: gpu_proof.Step) -> None:
+        raise KeyError("backends")
+
+    seen: dict[str, Any] = {}
+
+    def reads_stdout(step: gpu_proof.Step) -> None:
+        script = (
+            "import json, os, sys; print('a warning', file=sys.stderr); print('noise'); "
+            "print(json.dumps({'path': os.environ['PYTHONPATH']}))"
+        )
+        done = runner.run(step, [sys.executable, "-c", script])
+        assert done is not None
+        seen.update(gpu_proof.last_json(done.stdout))
+
+    first = runner.step("plugins", broken)
+    second = runner.step("environment", reads_stdout)
+    assert first.status == "failed" and "KeyError" in first.reason
+    assert second.status == "passed" and second.limit_s == gpu_proof.LIMITS["environment"]
+    assert seen["path"].split(os.pathsep)[0] == str(REPO)
+    shutil.rmtree(runner.workdir)
+
+
+def test_install_plan_needs_no_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import _proof_install as provision
+
+    assert any(r.startswith("setuptools") for r in provision.build_requirements())
+    assert provision.unmet_build_requirements(["setuptools>=9999"])[0].startswith(
+        "setuptools>=9999 (installed: "
+    )
+    (tmp_path / "accel_hal-0.1.0-py3-none-any.whl").write_bytes(b"")
+    commands, advice = provision.install_commands("python", tmp_path)
+    assert all("--no-index" in command for command in commands)
+    assert commands[0][-1].endswith("accel_hal-0.1.0-py3-none-any.whl")
+    assert "pip download 'setuptools>=" in advice and "pip wheel --no-deps ." in advice
+
+    real_version = importlib.metadata.version
+
+    def no_numpy(name: str) -> str:
+        if name == "numpy":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_numpy)
+    chosen, missing = provision.fairscale_wheels(tmp_path)
+    assert chosen == [] and len(missing) == 2 and "numpy" in missing[1]
+    (tmp_path / "fairscale-0.4.13-py3-none-any.whl").write_bytes(b"")
+    (tmp_path / "numpy-2.5.2-cp312-cp312-manylinux_2_27_x86_64.whl").write_bytes(b"")
+    chosen, missing = provision.fairscale_wheels(tmp_path)
+    assert [path.name.split("-")[0] for path in chosen] == ["fairscale", "numpy"] and not missing
+
+
+def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bench_offload's device mode on CPU: a host backend that claims streams, a stand-in
+    # for fairscale that runs out of memory under the first cap, and the cap recorded.
+    import argparse
+    import gc
+    import types
+
+    import bench_offload
+    from torch import nn
+
+    from backends.cpu import CpuBackend
+
+    events: list[str] = []
+    caps: list[int] = []
+
+    class Streaming(CpuBackend):
+        supports_streams = True  # type: ignore[assignment]
+
+    class FakeFairscale(nn.Module):
+        def __init__(self, model: nn.Module, **options: Any) -> None:
+            super().__init__()
+            self.model = model
+            events.append(f"fairscale built under {caps[-1]}")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if caps[-1] < 2 * caps[0]:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+            return self.model(x)
+
+    module = types.ModuleType("fairscale.experimental.nn.offload")
+    module.OffloadModel = FakeFairscale  # type: ignore[attr-defined]
+    for name in ("fairscale", "fairscale.experimental", "fairscale.experimental.nn"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fairscale.experimental.nn.offload", module)
+    monkeypatch.setattr(bench_offload, "limit_device_memory", lambda b, cap: caps.append(cap))
+    ours = bench_offload.OffloadModel
+
+    def recorded_ours(*args: Any, **kwargs: Any) -> Any:
+        events.append("ours built")
+        return ours(*args, **kwargs)
+
+    monkeypatch.setattr(bench_offload, "OffloadModel", recorded_ours)
+    monkeypatch.setattr(gc, "collect", lambda *args: 0)  # a full collection is slow here
+    args = argparse.Namespace(
+        budget_gib=2**-20, min_ratio=4.0, blocks=2, width=16, tokens=8, slices=0,
+        microbatches=1, steps=1, fairscale_retry_gib=2**-19,
+    )  # fmt: skip
+    payload = bench_offload.device_mode(Streaming(), args)
+
+    assert events == ["ours built", "fairscale built under 1024", "fairscale built under 2048"]
+    attempts = payload["fairscale"]["attempts"]
+    assert [a["outcome"] for a in attempts] == ["out of memory", "timed"]
+    assert "Tried to allocate" in attempts[0]["error"]
+    assert "out of memory under the" in payload["targets"]["speedup_vs_fairscale"]["note"]
+    assert set(payload["median_step_s"]) >= {"offload.OffloadModel", "fairscale OffloadModel"}
