@@ -21,6 +21,17 @@ STEPS = 3
 BATCH = 8
 
 
+DEEPSPEED_MISSING = (
+    "DeepSpeed is not installed (pip install '.[deepspeed]'; its sdist needs torch installed first)"
+)
+
+
+def deepspeed_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
 def make_model(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
