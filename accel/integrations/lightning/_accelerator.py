@@ -62,9 +62,11 @@ class AccelAccelerator(LightningAccelerator):
 
     def __new__(cls, backend: str | Accelerator | None = None) -> AccelAccelerator:
         if backend is None and cls._bound_backend is not None:
-            return super().__new__(cls)
-        resolved = resolve_backend(backend, "accel.integrations.lightning")
-        return super().__new__(_bound_class(resolved))
+            bound = cls  # a per-backend class: keep its backend
+        else:
+            bound = _bound_class(resolve_backend(backend, "accel.integrations.lightning"))
+        instance: AccelAccelerator = super().__new__(bound)
+        return instance
 
     def __init__(self, backend: str | Accelerator | None = None) -> None:
         super().__init__()

@@ -18,7 +18,7 @@ from .._backend import resolve_backend
 from ._accelerator import AccelAccelerator, lightning_error
 
 if TYPE_CHECKING:
-    from torch.optim import Optimizer
+    from torch.optim.optimizer import Optimizer
 
 __all__ = ["AccelDDPStrategy", "AccelSingleDeviceStrategy"]
 
