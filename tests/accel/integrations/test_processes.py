@@ -10,6 +10,7 @@ plugin's deterministic mode) stays in those processes.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -60,12 +61,23 @@ def _free_port() -> int:
         return port
 
 
+def _torchrun() -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+    ]
+
+
 @pytest.fixture(scope="module")
 def two(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("two_processes")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    torchrun += ["--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
-    _run([*torchrun, str(SCRIPTS / "two_processes.py")], out, ACCEL="cpu", ACCEL_TEST_OUT=str(out))
+    _run(
+        [*_torchrun(), str(SCRIPTS / "two_processes.py")], out, ACCEL="cpu", ACCEL_TEST_OUT=str(out)
+    )
     return [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
 
 
@@ -138,3 +150,20 @@ def test_install_after_deepspeed_set_up_communication_warns(
     [warning] = plugin_run["late_warnings"]
     assert warning.startswith("DeepSpeedInstallWarning: accel.integrations.deepspeed: install()")
     assert "Call install() before deepspeed.init_distributed()" in warning
+
+
+def test_the_readmes_deepspeed_example_runs_under_torchrun(
+    common: ModuleType, tmp_path: Path
+) -> None:
+    if not common.deepspeed_installed():
+        pytest.skip(common.DEEPSPEED_MISSING)
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Using accel with DeepSpeed", 1)[1].split("\n## ", 1)[0]
+    assert "torchrun --nproc_per_node=2 train.py" in section
+    [example] = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
+    script = tmp_path / "train.py"
+    script.write_text(
+        example + "\nprint('accelerator:', type(deepspeed.get_accelerator()).__name__)\n"
+    )
+    _run([*_torchrun(), str(script)], tmp_path, ACCEL="cpu")
+    assert "accelerator: AccelDeepSpeedAccelerator" in (tmp_path / "log.txt").read_text()
