@@ -31,11 +31,11 @@ from ._precision import PRECISIONS, precision_plugin
 from ._strategies import AccelDDPStrategy, AccelSingleDeviceStrategy
 
 __all__ = [
-    "PRECISIONS",
     "AccelAccelerator",
     "AccelDDPStrategy",
     "AccelSingleDeviceStrategy",
     "LightningSetupError",
+    "PRECISIONS",
     "precision_plugin",
     "register",
     "trainer_kwargs",
