@@ -4,7 +4,8 @@ Lightning calls ``is_available``, ``parse_devices`` and ``get_parallel_devices``
 accelerator's *class* (``_AcceleratorConnector``), so a class-level answer must know the
 backend. Each backend therefore gets its own subclass, made once and cached:
 ``AccelAccelerator("cpu")`` is an instance of ``AccelAccelerator[cpu]``, whose class
-methods answer for ``cpu``.
+methods answer for ``cpu`` (a subclass ``MyAccelerator("cpu")`` likewise gets
+``MyAccelerator[cpu]``).
 """
 
 from __future__ import annotations
@@ -58,22 +59,32 @@ class AccelAccelerator(LightningAccelerator):
     """
 
     _bound_backend: ClassVar[Accelerator | None] = None
-    _bound_classes: ClassVar[dict[int, tuple[Accelerator, type[AccelAccelerator]]]] = {}
+    _bound_classes: ClassVar[
+        dict[tuple[type[AccelAccelerator], int], tuple[Accelerator, type[AccelAccelerator]]]
+    ] = {}
 
     def __new__(cls, backend: str | Accelerator | None = None) -> AccelAccelerator:
         if backend is None and cls._bound_backend is not None:
             bound = cls  # a per-backend class: keep its backend
         else:
-            bound = _bound_class(resolve_backend(backend, "accel.integrations.lightning"))
+            root = cls if cls._bound_backend is None else cls.__bases__[0]
+            resolved = resolve_backend(backend, "accel.integrations.lightning")
+            bound = _bound_class(root, resolved)
         instance: AccelAccelerator = super().__new__(bound)
         return instance
 
+    # The accel strategy that set this accelerator up (see setup_device).
+    _accel_strategy: object | None = None
+
     def __init__(self, backend: str | Accelerator | None = None) -> None:
-        super().__init__()
+        super().__init__()  # the backend lives on the class __new__ chose
+
+    @property
+    def backend(self) -> Accelerator:
+        """The accel backend this accelerator runs on."""
         bound = type(self)._bound_backend
-        assert bound is not None  # set by __new__'s class
-        self.backend: Accelerator = bound
-        self._accel_strategy: object | None = None
+        assert bound is not None  # every instance is of a per-backend class
+        return bound
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # The per-backend class is not importable by name: rebuild from the backend.
@@ -218,15 +229,16 @@ class AccelAccelerator(LightningAccelerator):
         return f"AccelAccelerator(backend={self.backend.name!r})"
 
 
-def _bound_class(backend: Accelerator) -> type[AccelAccelerator]:
-    """Return the cached subclass of :class:`AccelAccelerator` answering for ``backend``."""
-    known = AccelAccelerator._bound_classes.get(id(backend))
+def _bound_class(root: type[AccelAccelerator], backend: Accelerator) -> type[AccelAccelerator]:
+    """Return the cached subclass of ``root`` answering for ``backend``."""
+    key = (root, id(backend))
+    known = AccelAccelerator._bound_classes.get(key)
     if known is not None and known[0] is backend:
         return known[1]
     bound = type(
-        f"AccelAccelerator[{backend.name}]",
-        (AccelAccelerator,),
-        {"_bound_backend": backend, "__module__": __name__},
+        f"{root.__name__}[{backend.name}]",
+        (root,),
+        {"_bound_backend": backend, "__module__": root.__module__},
     )
-    AccelAccelerator._bound_classes[id(backend)] = (backend, bound)
+    AccelAccelerator._bound_classes[key] = (backend, bound)
     return bound

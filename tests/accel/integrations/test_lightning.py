@@ -190,6 +190,17 @@ def test_bad_arguments_say_what_to_pass(call: Any, message: str) -> None:
         call()
 
 
+def test_each_backend_gets_its_own_class_also_for_subclasses() -> None:
+    class Mine(AccelAccelerator):
+        pass
+
+    cpu, recording = Mine("cpu"), Mine("recording")
+    assert isinstance(cpu, Mine) and type(cpu).__name__ == "Mine[cpu]"
+    assert type(cpu) is type(Mine("cpu")) and type(cpu) is not type(recording)
+    assert type(recording)().backend is recording.backend  # a bound class keeps its backend
+    assert type(cpu)("recording").backend.name == "recording"
+
+
 def test_a_non_backend_is_refused() -> None:
     with pytest.raises(accel.AccelTypeError, match="lacks"):
         AccelAccelerator(123)  # type: ignore[arg-type]
