@@ -297,46 +297,6 @@ class ProtocolAnswers:
     def replay_graph(self, graph: Any) -> None:
         """Do nothing (CPU's answer): no graph was captured."""
 
-    # Typed tensor constructors on the backend's device --------------------------------
-
-    def _typed(self, dtype: torch.dtype) -> Callable[..., torch.Tensor]:
-        return functools.partial(torch.tensor, dtype=dtype, device=self.backend.device_type)
-
-    @property
-    def BFloat16Tensor(self) -> Callable[..., torch.Tensor]:
-        """``torch.tensor`` with ``dtype=torch.bfloat16`` on the backend's device."""
-        return self._typed(torch.bfloat16)
-
-    @property
-    def ByteTensor(self) -> Callable[..., torch.Tensor]:
-        """``torch.tensor`` with ``dtype=torch.uint8`` on the backend's device."""
-        return self._typed(torch.uint8)
-
-    @property
-    def DoubleTensor(self) -> Callable[..., torch.Tensor]:
-        """``torch.tensor`` with ``dtype=torch.float64`` on the backend's device."""
-        return self._typed(torch.float64)
-
-    @property
-    def FloatTensor(self) -> Callable[..., torch.Tensor]:
-        """``torch.tensor`` with ``dtype=torch.float32`` on the backend's device."""
-        return self._typed(torch.float32)
-
-    @property
-    def HalfTensor(self) -> Callable[..., torch.Tensor]:
-        """``torch.tensor`` with ``dtype=torch.float16`` on the backend's device."""
-        return self._typed(torch.float16)
-
-    @property
-    def IntTensor(self) -> Callable[..., torch.Tensor]:
-        """``torch.tensor`` with ``dtype=torch.int32`` on the backend's device."""
-        return self._typed(torch.int32)
-
-    @property
-    def LongTensor(self) -> Callable[..., torch.Tensor]:
-        """``torch.tensor`` with ``dtype=torch.int64`` on the backend's device."""
-        return self._typed(torch.int64)
-
     # Placement and pinning ------------------------------------------------------------
 
     def on_accelerator(self, tensor: torch.Tensor) -> bool:
@@ -420,3 +380,24 @@ class ProtocolAnswers:
                 f"knows ({', '.join(known)}); pass one of those."
             )
         self._compile_backend = backend
+
+
+def _typed_constructor(dtype: torch.dtype) -> property:
+    def constructor(self: ProtocolAnswers) -> Callable[..., torch.Tensor]:
+        return functools.partial(torch.tensor, dtype=dtype, device=self.backend.device_type)
+
+    constructor.__doc__ = f"``torch.tensor`` with ``dtype={dtype}`` on the backend's device."
+    return property(constructor)
+
+
+# DeepSpeed's typed tensor properties (``get_accelerator().FloatTensor(data)``).
+for _name, _dtype in {
+    "BFloat16Tensor": torch.bfloat16,
+    "ByteTensor": torch.uint8,
+    "DoubleTensor": torch.float64,
+    "FloatTensor": torch.float32,
+    "HalfTensor": torch.float16,
+    "IntTensor": torch.int32,
+    "LongTensor": torch.int64,
+}.items():
+    setattr(ProtocolAnswers, _name, _typed_constructor(_dtype))
