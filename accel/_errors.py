@@ -20,6 +20,10 @@ code that already catches ``LookupError`` or ``RuntimeError`` keeps working::
     ├── PluginLoadWarning          a broken plugin was skipped (the others keep working)
     └── BackendFallbackWarning     auto-detection skipped a backend that failed to start
 
+The framework adapters (``accel.integrations``, each importing its framework) add
+``LightningSetupError`` (also ValueError), ``DeepSpeedAdapterError`` (also TypeError)
+and ``DeepSpeedInstallWarning`` (a UserWarning).
+
 Messages are full sentences: the value received, what exists, and what to do next.
 """
 

@@ -1,0 +1,145 @@
+"""Single-device and DDP strategies: the backend's device, collectives and step boundaries.
+
+Both call ``backend.mark_step()`` where Lightning's step ends: after backward, after the
+optimizer step, and before every validation, test and predict step (Gaudi's lazy mode and
+XLA flush their graph there; a no-op on eager backends).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from torch.nn.parallel import DistributedDataParallel
+
+from ..._protocol import Accelerator
+from .._backend import resolve_backend
+from ._accelerator import AccelAccelerator, lightning_error
+
+if TYPE_CHECKING:
+    from torch.optim.optimizer import Optimizer
+
+__all__ = ["AccelDDPStrategy", "AccelSingleDeviceStrategy"]
+
+
+class _StepBoundaries(Strategy):
+    """``mark_step`` at Lightning's step boundaries; shared by both strategies."""
+
+    _accel_backend: Accelerator
+
+    @property
+    def backend(self) -> Accelerator:
+        """The accel backend this strategy runs on."""
+        return self._accel_backend
+
+    def _claim_accelerator(self) -> None:
+        accelerator = self.accelerator
+        if isinstance(accelerator, AccelAccelerator):
+            if accelerator.backend is not self._accel_backend:
+                raise lightning_error(
+                    f"the strategy runs on the {self._accel_backend.name} backend but the "
+                    f"accelerator on {accelerator.backend.name}. Give both the same backend "
+                    "(trainer_kwargs(backend) does)."
+                )
+            accelerator._accel_strategy = self
+
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        """Flush the backward graph (``backend.mark_step()``)."""
+        super().post_backward(closure_loss)
+        self._accel_backend.mark_step()
+
+    def optimizer_step(
+        self,
+        optimizer: Optimizer,
+        closure: Any,
+        model: Any = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Step the optimizer, then flush the update (``backend.mark_step()``)."""
+        result = super().optimizer_step(optimizer, closure, model, **kwargs)
+        self._accel_backend.mark_step()
+        return result
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Flush pending work (``backend.mark_step()``), then run the validation step."""
+        self._accel_backend.mark_step()
+        return super().validation_step(*args, **kwargs)
+
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Flush pending work (``backend.mark_step()``), then run the test step."""
+        self._accel_backend.mark_step()
+        return super().test_step(*args, **kwargs)
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Flush pending work (``backend.mark_step()``), then run the predict step."""
+        self._accel_backend.mark_step()
+        return super().predict_step(*args, **kwargs)
+
+
+class AccelSingleDeviceStrategy(_StepBoundaries, SingleDeviceStrategy):
+    """Lightning's single-device strategy on an accel backend's device.
+
+    Registered as ``strategy="accel_single_device"``.
+
+    Args:
+        backend: A backend name, a backend object, or ``None`` for ``accel.get_backend()``.
+        device: The device to train on; default ``backend.device()``. A device of another
+            type (the host, for a backend whose device torch cannot allocate here) keeps
+            every step boundary, RNG and precision call on the backend.
+        **kwargs: Passed to ``SingleDeviceStrategy`` (``checkpoint_io``, ...).
+    """
+
+    strategy_name = "accel_single_device"
+
+    def __init__(
+        self,
+        backend: str | Accelerator | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._accel_backend = resolve_backend(backend, "accel.integrations.lightning")
+        self.device_was_given = device is not None
+        chosen = self._accel_backend.device() if device is None else torch.device(device)
+        super().__init__(device=chosen, **kwargs)
+
+    def setup_environment(self) -> None:
+        """Tie the accelerator to this strategy, then set the device up."""
+        self._claim_accelerator()
+        super().setup_environment()
+
+
+class AccelDDPStrategy(_StepBoundaries, DDPStrategy):
+    """Lightning's DDP on an accel backend: its collectives, no CUDA streams.
+
+    Registered as ``strategy="accel_ddp"``. The process group uses
+    ``backend.communication_backend`` (``gloo``, ``nccl``, ``hccl``...) after
+    ``backend.prepare_distributed()``; the model is wrapped in
+    ``DistributedDataParallel`` without ``device_ids`` (DDP takes the module's device)
+    and without the side CUDA stream Lightning 2.6 creates for any non-CPU device.
+
+    Args:
+        backend: A backend name, a backend object, or ``None`` for ``accel.get_backend()``.
+        **kwargs: Passed to ``DDPStrategy`` (``process_group_backend`` overrides the
+            backend's, ``timeout``, ``find_unused_parameters``...).
+    """
+
+    strategy_name = "accel_ddp"
+
+    def __init__(self, backend: str | Accelerator | None = None, **kwargs: Any) -> None:
+        self._accel_backend = resolve_backend(backend, "accel.integrations.lightning")
+        kwargs.setdefault("process_group_backend", self._accel_backend.communication_backend)
+        super().__init__(**kwargs)
+
+    def setup_environment(self) -> None:
+        """Tie the accelerator to this strategy, prepare the backend, then set up DDP."""
+        self._claim_accelerator()
+        self._accel_backend.prepare_distributed()
+        super().setup_environment()
+
+    def determine_ddp_device_ids(self) -> list[int] | None:
+        """Return ``None``: DDP takes the device from the module, on every backend."""
+        return None
+
+    def _setup_model(self, model: torch.nn.Module) -> DistributedDataParallel:
+        return DistributedDataParallel(module=model, device_ids=None, **self._ddp_kwargs)

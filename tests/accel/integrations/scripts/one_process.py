@@ -1,0 +1,58 @@
+"""Run alone (``python one_process.py OUT``, with ``ACCEL`` set): both frameworks, one process.
+
+Trains the shared model with Lightning (``trainer_kwargs()``) and with DeepSpeed ZeRO
+stages 1 and 2 (``install()``) on the backend ``accel.get_backend()`` picks, none of
+them with code of the backend's own, and saves the parameters next to the plain loop's,
+with what ``install()`` warned when called again once DeepSpeed's communication exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+import torch
+
+os.environ.update(common.single_process_env())
+
+import accel
+from accel.integrations.lightning import trainer_kwargs
+
+
+def parameters(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def main() -> None:
+    backend = accel.get_backend()
+    results: dict[str, object] = {
+        "backend": backend.name,
+        "plain": parameters(common.plain_sgd(common.make_model(), common.batches())),
+    }
+    model = common.make_model()
+    with common.framework_warnings():
+        common.fit(trainer_kwargs(), common.lightning_module(model), common.batches())
+    results["lightning"] = parameters(model)
+
+    if common.deepspeed_installed():
+        from accel.integrations.deepspeed import install
+
+        results["deepspeed_backend"] = install().backend.name
+        for stage in (1, 2):
+            trained = common.deepspeed_sgd(common.make_model(), common.batches(), stage)
+            results[f"zero{stage}"] = parameters(trained)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            install()
+        results["late_warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+    results["deterministic"] = torch.are_deterministic_algorithms_enabled()
+    torch.save(results, sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Both frameworks in processes of their own: two-process DDP/ZeRO, and a third-party plugin.
+
+``scripts/two_processes.py`` runs under torchrun on 2 CPU processes (Lightning DDP over
+gloo, then DeepSpeed ZeRO 1 and 2); ``scripts/one_process.py`` runs the example
+``reproducible_cpu`` plugin (``examples/accel-reproducible-cpu``, made importable here
+with its entry point) under both frameworks. Process-wide state (process groups, the
+plugin's deterministic mode) stays in those processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("lightning", reason="Lightning is not installed (pip install '.[lightning]')")
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+PLUGIN = REPO / "examples" / "accel-reproducible-cpu"
+TIMEOUT_S = 120
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR")
+
+
+def _run(command: list[str], out: Path, **env: str) -> None:
+    """Run ``command`` in its own session (killed with its workers on timeout)."""
+    paths = [str(REPO), *env.pop("EXTRA_PATH", "").split(os.pathsep), os.environ.get("PYTHONPATH")]
+    environment = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARIABLES}
+    environment.update(env, PYTHONPATH=os.pathsep.join(filter(None, paths)), OMP_NUM_THREADS="1")
+    log = out / "log.txt"
+    with log.open("w") as handle:
+        process = subprocess.Popen(
+            command,
+            env=environment,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            code = process.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            pytest.fail(f"{command[-2:]} ran past {TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+    assert code == 0, f"{command[-2:]} failed:\n{log.read_text()[-4000:]}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _torchrun() -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("two_processes")
+    _run(
+        [*_torchrun(), str(SCRIPTS / "two_processes.py")], out, ACCEL="cpu", ACCEL_TEST_OUT=str(out)
+    )
+    return [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+
+
+@pytest.fixture(scope="module")
+def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("reproducible_cpu")
+    # The example plugin as pip would install it: its package and its entry point.
+    info = out / "site" / "accel_reproducible_cpu-1.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: accel-reproducible-cpu\nVersion: 1.0.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[accel.backends]\nreproducible_cpu = accel_reproducible_cpu\n"
+    )
+    command = [sys.executable, str(SCRIPTS / "one_process.py"), str(out / "results.pt")]
+    extra = os.pathsep.join([str(PLUGIN), str(out / "site")])
+    _run(command, out, ACCEL="reproducible_cpu", EXTRA_PATH=extra)
+    return dict(torch.load(out / "results.pt", weights_only=True))
+
+
+def _equal(got: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def _close(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    for a, b in zip(got, expected, strict=True):
+        # Gradients averaged over two half batches: all-reduce adds in another order.
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_lightning_ddp_over_gloo_ends_with_identical_weights(two: list[dict[str, Any]]) -> None:
+    assert [r["strategy"] for r in two] == ["AccelDDPStrategy"] * 2
+    assert [r["process_group_backend"] for r in two] == ["gloo"] * 2
+    assert _equal(two[0]["lightning"], two[1]["lightning"])
+    _close(two[0]["lightning"], two[0]["plain"])
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_zero_on_two_processes_equals_a_plain_loop(
+    two: list[dict[str, Any]], common: ModuleType, stage: int
+) -> None:
+    if not common.deepspeed_installed():
+        pytest.skip(common.DEEPSPEED_MISSING)
+    assert _equal(two[0][f"zero{stage}"], two[1][f"zero{stage}"])
+    _close(two[0][f"zero{stage}"], two[0]["plain"])
+
+
+def test_the_example_plugin_trains_under_lightning(plugin_run: dict[str, Any]) -> None:
+    assert plugin_run["backend"] == "reproducible_cpu"
+    assert plugin_run["deterministic"]  # the plugin's own setting, applied on creation
+    assert _equal(plugin_run["lightning"], plugin_run["plain"])
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_the_example_plugin_trains_under_deepspeed_zero(
+    plugin_run: dict[str, Any], common: ModuleType, stage: int
+) -> None:
+    if not common.deepspeed_installed():
+        pytest.skip(common.DEEPSPEED_MISSING)
+    assert plugin_run["deepspeed_backend"] == "reproducible_cpu"
+    assert _equal(plugin_run[f"zero{stage}"], plugin_run["plain"])
+
+
+def test_install_after_deepspeed_set_up_communication_warns(
+    plugin_run: dict[str, Any], common: ModuleType
+) -> None:
+    if not common.deepspeed_installed():
+        pytest.skip(common.DEEPSPEED_MISSING)
+    [warning] = plugin_run["late_warnings"]
+    assert warning.startswith("DeepSpeedInstallWarning: accel.integrations.deepspeed: install()")
+    assert "Call install() before deepspeed.init_distributed()" in warning
+
+
+def test_the_readmes_deepspeed_example_runs_under_torchrun(
+    common: ModuleType, tmp_path: Path
+) -> None:
+    if not common.deepspeed_installed():
+        pytest.skip(common.DEEPSPEED_MISSING)
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Using accel with DeepSpeed", 1)[1].split("\n## ", 1)[0]
+    assert "torchrun --nproc_per_node=2 train.py" in section
+    [example] = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
+    script = tmp_path / "train.py"
+    script.write_text(
+        example + "\nprint('accelerator:', type(deepspeed.get_accelerator()).__name__)\n"
+    )
+    _run([*_torchrun(), str(script)], tmp_path, ACCEL="cpu")
+    assert "accelerator: AccelDeepSpeedAccelerator" in (tmp_path / "log.txt").read_text()
