@@ -281,22 +281,27 @@ def _not_installed() -> Availability | None:
 
 
 def _probe() -> Availability:
-    """Auto-detection: torch_xla installed and a TPU or Neuron device present (no import)."""
+    """Listing and auto-detection: read the host, never import torch_xla.
+
+    Available wherever torch_xla is installed (its CPU client runs anywhere), but picked
+    by auto-detection only where a TPU or Neuron device is present and ``PJRT_DEVICE``
+    does not name another client.
+    """
     missing = _not_installed()
     if missing is not None:
         return missing
-    found = _xla_host.scan(_xla_host.FILESYSTEM_ROOT)
     selected = os.environ.get("PJRT_DEVICE", "").strip().upper()
     if selected and selected not in _xla_host.ACCELERATOR_CLIENTS:
-        return Availability.unavailable(
+        return Availability.by_name_only(
             f"PJRT_DEVICE={selected} selects XLA's {selected} client, which auto-detection "
             "never picks; select it by name (ACCEL=xla or get_backend('xla'))."
         )
+    found = _xla_host.scan(_xla_host.FILESYSTEM_ROOT)
     if not found.devices:
-        return Availability.unavailable(
+        return Availability.by_name_only(
             f"{VENDOR_PACKAGE} is installed but no TPU or Neuron device is present "
-            f"({found.describe()}); select XLA's CPU client by name (ACCEL=xla with "
-            "PJRT_DEVICE=CPU), or check that the container was given the devices."
+            f"({found.describe()}), so auto-detection keeps cpu; ACCEL=xla selects XLA's "
+            "CPU client."
         )
     return Availability(available=True, device_count=len(found.devices))
 

@@ -113,7 +113,11 @@ class BackendSelection:
         if value == "all":
             return cls(value, known_names, known_names)
         if value == "available":
-            names = [info.name for info in known if info.available and info.priority >= 0]
+            names = [
+                info.name
+                for info in known
+                if info.available and info.automatic and info.priority >= 0
+            ]
             return cls(value, tuple(dict.fromkeys(names)), known_names)
         names = [part.strip() for part in value.split(",") if part.strip()]
         unknown = [name for name in names if name not in known_names]
