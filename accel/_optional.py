@@ -22,9 +22,10 @@ def recompute_barrier(backend: Accelerator, tensors: Sequence[torch.Tensor]) -> 
     """Fence a recomputation's inputs from the forward, through ``backend``.
 
     Calls ``backend.recompute_barrier(tensors)`` where the backend defines it
-    (:class:`accel.RecomputeBarrier`). Otherwise, on a lazy backend, flushes the graph
-    with ``backend.mark_step()``: the forward then runs as a graph of its own, which no
-    compiler can merge with the recomputation; an eager backend needs nothing.
+    (:class:`accel.RecomputeBarrier`). Otherwise calls ``backend.mark_step()``, what
+    checkpointing did before the member existed: on a lazy backend the forward then runs
+    as a graph of its own, which no compiler can merge with the recomputation; on an
+    eager backend ``mark_step`` does nothing.
 
     Args:
         backend: The backend the recomputation runs on.
@@ -33,5 +34,5 @@ def recompute_barrier(backend: Accelerator, tensors: Sequence[torch.Tensor]) -> 
     """
     if isinstance(backend, RecomputeBarrier):
         backend.recompute_barrier(list(tensors))
-    elif backend.is_lazy:
+    else:
         backend.mark_step()

@@ -304,8 +304,8 @@ class RecomputeBarrier(Protocol):
         the graph did before this call. Values are unchanged; it may update the tensors
         in place (XLA: one ``optimization_barrier_`` over all of them) and must not
         record anything autograd sees. Eager devices need nothing. Without the member,
-        accel calls ``mark_step()`` on a lazy backend (a flush is the barrier every lazy
-        device has) and nothing on an eager one.
+        accel calls ``mark_step()`` (a flush is the barrier every lazy device has; on an
+        eager device it does nothing).
         """
 
 

@@ -1,9 +1,10 @@
 """``checkpoint``: the drop-in replacement for ``torch.utils.checkpoint.checkpoint``.
 
 Both variants replay the forward's host and device generator states (so dropout masks
-are the same), its device and host autocast states, call ``backend.mark_step()``
-before recomputing (flushing a lazy device's graph; a no-op elsewhere), and keep
-modules with running statistics from updating them a second time.
+are the same), its device and host autocast states, put the recomputation's inputs
+behind the backend's recompute barrier (:func:`accel.recompute_barrier`; by default
+``backend.mark_step()``, which flushes a lazy device's graph and does nothing
+elsewhere), and keep modules with running statistics from updating them a second time.
 
 Reentrant (``use_reentrant=True``; what ``None``, the default, means after the
 installed torch's warning, as in torch): an autograd Function
@@ -13,7 +14,7 @@ parameters inside get no gradient), accepts no keyword arguments for the functio
 and does not work with :func:`torch.autograd.grad` or ``backward(inputs=...)``.
 
 Non-reentrant (``use_reentrant=False``): torch's own non-reentrant checkpoint with
-accel's generator, autocast, ``mark_step`` and running-statistics replay layered in
+accel's generator, autocast, recompute-barrier and running-statistics replay layered in
 (see :mod:`checkpointing._non_reentrant` for why); none of those limits, and torch's
 ``CheckpointError`` when the recomputation does not match the forward.
 

@@ -22,12 +22,13 @@ checkpointing policies from ``create_selective_checkpoint_contexts``) and
   :class:`_Replay`. Its first call is the forward: it captures the host generator and
   the generator of every device the inputs live on (``backend.get_rng_state(index)``),
   and the autocast states (``backend.autocast_kwargs()``). Each later call is a
-  recomputation: it flushes a lazy device's graph (``backend.mark_step()``), enters
+  recomputation: it puts its inputs behind the recompute barrier
+  (:func:`accel.recompute_barrier`), enters
   ``backend.fork_rng(devices=...)``, restores those generators, replays the autocast
   states, marks the thread as recomputing, and keeps modules with running statistics
   from updating them twice (:func:`checkpointing._state.recomputation`). torch's own
-  generator handling would only know the devices torch has a module for, and not
-  ``mark_step``.
+  generator handling would only know the devices torch has a module for, and no
+  recompute barrier.
 * ``offload_to_cpu`` is a saved-tensor hook around torch's call: torch saves the
   checkpoint's inputs before installing its own hooks, so exactly those inputs pass
   through ours, which keeps them in host memory until the recomputation reads them.
