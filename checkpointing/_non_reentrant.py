@@ -35,7 +35,7 @@ checkpointing policies from ``create_selective_checkpoint_contexts``) and
 
 Devices torch has no module for. torch's checkpoint looks up ``torch.<device type>``
 for the device its tensor arguments live on, and raises ``AttributeError`` where there
-is none (XLA, whose tensors are ``xla`` and which registers no ``torch.xla``). Such
+is none (a lazy-tensor runtime that registers no device module of its own). Such
 arguments reach torch inside an opaque :class:`_Hidden` box, so torch infers its
 default device type and treats the box as a plain object; :class:`_Replay` opens the
 box for the function. torch then does not save those tensors: the box keeps them for

@@ -184,7 +184,7 @@ def recomputation(state: ForwardState, inputs: Sequence[Any] = ()) -> Iterator[N
     """Re-enter the forward's state for the length of a recomputation.
 
     In order: put the tensors among ``inputs`` behind the backend's recompute barrier
-    (:func:`accel.recompute_barrier`: XLA's optimisation barrier, a ``mark_step()``
+    (:func:`accel.recompute_barrier`: a compiler's optimisation barrier, a ``mark_step()``
     on a lazy backend without one, nothing on an eager backend); enter
     ``backend.fork_rng()`` and restore the captured generator states (skipped
     entirely without ``preserve_rng_state``); enable grad; re-enter the device

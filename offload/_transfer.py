@@ -60,7 +60,7 @@ def require_swappable(device: torch.device) -> None:
     offload keeps each parameter object and points its ``.data`` at the device copy
     while it computes, then back at host memory. torch allows that only between tensor
     types that can share a shallow copy; a device whose tensors are of another type
-    (a lazy-tensor runtime such as PyTorch/XLA) refuses it ("incompatible tensor type").
+    (a lazy-tensor runtime's) refuses it ("incompatible tensor type").
 
     Raises:
         offload.OffloadConfigError: ``device``'s tensors cannot stand in for host ones.
