@@ -165,13 +165,21 @@ class XlaBackend(WithoutStreams):
         self._torch_xla.sync()
 
     def recompute_barrier(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Put the ``xla`` tensors among ``tensors`` behind one XLA optimisation barrier.
+        """Put the floating-point ``xla`` tensors among ``tensors`` behind one XLA barrier.
 
         In place (``xm.optimization_barrier_``) and invisible to autograd; values are
         unchanged. Work computed from them afterwards cannot be merged with the forward
-        or scheduled before the other tensors of the barrier exist.
+        or scheduled before the other tensors of the barrier exist. Integer tensors
+        (indices, masks) stay out: with torch_xla 2.9.0 an index tensor behind a barrier
+        that feeds ``index_select`` aborts the process (XLA ``shape.h:848 Check failed:
+        buffer != nullptr``), and what is recomputed from indices alone is not worth
+        fencing.
         """
-        on_device = [t for t in tensors if isinstance(t, torch.Tensor) and t.device.type == "xla"]
+        on_device = [
+            t
+            for t in tensors
+            if isinstance(t, torch.Tensor) and t.device.type == "xla" and t.is_floating_point()
+        ]
         if on_device:
             self._xm.optimization_barrier_(on_device)
 
