@@ -85,9 +85,10 @@ def state_to_seed(state: torch.Tensor) -> int:
 class XlaBackend(WithoutStreams):
     """PyTorch/XLA devices: lazy, with device memory of their own; ``xla`` for communication.
 
-    Creating it imports ``torch_xla`` (see the module docstring for what that changes).
-    ``device_count()`` counts the devices this process addresses; with the CPU client
-    that is ``CPU_NUM_DEVICES`` (default 1), read without starting the runtime.
+    Creating it imports ``torch_xla`` (see the module docstring for what that changes)
+    and starts its runtime (the PJRT client).
+    ``device_count()`` counts the devices this process addresses (with the CPU client,
+    ``CPU_NUM_DEVICES``, default 1).
     """
 
     name = "xla"
@@ -103,6 +104,11 @@ class XlaBackend(WithoutStreams):
         self._xm = importlib.import_module("torch_xla.core.xla_model")
         self._runtime = importlib.import_module("torch_xla.runtime")
         self._hardware = str(self._runtime.device_type() or "CPU").upper()
+        # Start the runtime now: autograd sizes its per-device queues from the devices
+        # torch knows when its engine first runs, and XLA reports its devices only once
+        # the runtime is up. A backward before that, then one on xla tensors, fails in
+        # torch ("device_ready_queues_ ... INTERNAL ASSERT FAILED", torch 2.9.1).
+        self._runtime.addressable_runtime_device_count()
 
     # Identity ---------------------------------------------------------------------------
 
@@ -118,19 +124,8 @@ class XlaBackend(WithoutStreams):
         return torch.device("xla", checked_index(self.name, index, self.device_count()))
 
     def device_count(self) -> int:
-        """Return how many XLA devices this process addresses.
-
-        Read from the running runtime once it is started; before that, the CPU client's
-        count is ``CPU_NUM_DEVICES`` (default 1) and is read without starting it; on a
-        TPU or Neuron client the runtime is asked, which starts it.
-        """
-        if self._runtime_started() or self._hardware != "CPU":
-            return int(self._runtime.addressable_runtime_device_count())
-        raw = os.environ.get("CPU_NUM_DEVICES", "1").strip() or "1"
-        try:
-            return max(int(raw), 1)
-        except ValueError:
-            return 1
+        """Return how many XLA devices this process addresses (the runtime is up already)."""
+        return int(self._runtime.addressable_runtime_device_count())
 
     def current_device(self) -> int:
         """Return the index of the device torch_xla places new ``xla`` tensors on."""
@@ -270,10 +265,6 @@ class XlaBackend(WithoutStreams):
     def prepare_distributed(self) -> None:
         """Import ``torch_xla.distributed.xla_backend``, which registers the ``xla`` backend."""
         importlib.import_module("torch_xla.distributed.xla_backend")
-
-    def _runtime_started(self) -> bool:
-        started = getattr(self._torch_xla._XLAC, "_xla_runtime_is_initialized", None)
-        return bool(started()) if callable(started) else True
 
     def __repr__(self) -> str:
         return f"XlaBackend(name='xla', hardware={self._hardware!r})"
