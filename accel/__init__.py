@@ -30,7 +30,15 @@ from ._errors import (
     ProtocolViolationError,
 )
 from ._hookspecs import hookimpl
-from ._protocol import Accelerator, Event, Stream, protocol_members
+from ._optional import recompute_barrier
+from ._protocol import (
+    Accelerator,
+    Event,
+    RecomputeBarrier,
+    Stream,
+    optional_members,
+    protocol_members,
+)
 from ._select import (
     BackendInfo,
     Selection,
@@ -64,13 +72,16 @@ __all__ = [
     "PluginLoadWarning",
     "ProtocolViolationError",
     "Provider",
+    "RecomputeBarrier",
     "Selection",
     "Stream",
     "get_backend",
     "hookimpl",
     "list_backends",
+    "optional_members",
     "plugin_failures",
     "protocol_members",
+    "recompute_barrier",
     "reset_backends",
     "select_backend",
 ]

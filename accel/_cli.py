@@ -184,7 +184,9 @@ def _report() -> dict[str, Any]:
 
 
 def _status(info: BackendInfo) -> str:
-    return "available" if info.available else "unavailable"
+    if not info.available:
+        return "unavailable"
+    return "available" if info.automatic else "by name"
 
 
 def _row(info: dict[str, Any]) -> tuple[str, ...]:
@@ -215,6 +217,15 @@ def _print_table(report: dict[str, Any], out: TextIO) -> None:
     if reasons:
         out.write("\nWhy not available:\n")
         for name, reason in reasons.items():
+            out.write(f"  {name}: {reason}\n")
+    by_name = {
+        info["name"]: info["reason"]
+        for info in report["backends"]
+        if info["available"] and not info.get("automatic", True)
+    }
+    if by_name:
+        out.write("\nAvailable by name only (auto-detection passes them over):\n")
+        for name, reason in by_name.items():
             out.write(f"  {name}: {reason}\n")
     for failure in report["plugin_failures"]:
         out.write(

@@ -165,6 +165,17 @@ def checkpoint_debug_leaks_on_error() -> bool:
     return torch_release() < (2, 13)
 
 
+def checkpoint_knows_device(device_type: str) -> bool:
+    """Whether torch's non-reentrant checkpoint can take tensor arguments on ``device_type``.
+
+    ``torch.utils.checkpoint`` (2.4.1 to 2.13 and 2.15 alike) infers the device type of
+    its tensor arguments and looks up ``getattr(torch, device_type)`` before anything
+    else, even with ``preserve_rng_state=False``; a device that registers no device
+    module (XLA: there is no ``torch.xla``) raises ``AttributeError`` there.
+    """
+    return device_type in ("cpu", "meta") or hasattr(torch, device_type)
+
+
 def graph_exec_group() -> Any:
     """Return ``torch.utils.checkpoint.GraphExecGroup``, or ``None`` where it does not exist.
 

@@ -40,6 +40,7 @@ BUILTIN_PLUGINS = (
     "backends.hpu",
     "backends.mps",
     "backends.recording",
+    "backends.xla",
     "backends.xpu",
 )
 BUILTIN = "built-in"

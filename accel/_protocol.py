@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Accelerator", "Event", "Stream", "iter_missing_members", "protocol_members"]
+__all__ = [
+    "Accelerator",
+    "Event",
+    "RecomputeBarrier",
+    "Stream",
+    "iter_missing_members",
+    "optional_members",
+    "protocol_members",
+]
 
 
 @runtime_checkable
@@ -81,6 +89,11 @@ class Accelerator(Protocol):
       variables, default dtypes) as a side effect.
     * ``index`` arguments are plain device indices local to this process; ``None`` means
       the current device.
+
+    Optional members (:func:`optional_members`) may be left out: accel supplies a
+    default for a backend that does not define them, so adding one never makes an
+    existing plugin incomplete. Today there is one, ``recompute_barrier``
+    (:class:`RecomputeBarrier`; default :func:`accel.recompute_barrier`).
     """
 
     # Identity -----------------------------------------------------------------------
@@ -273,6 +286,29 @@ class Accelerator(Protocol):
         """
 
 
+@runtime_checkable
+class RecomputeBarrier(Protocol):
+    """The optional member a lazy device defines to keep a recomputation a recomputation.
+
+    A device compiler that sees the checkpointed forward and its recomputation in one
+    graph may merge them (common-subexpression elimination), which keeps the forward's
+    activations alive and saves nothing (pytorch/xla#3455).
+    """
+
+    def recompute_barrier(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Fence ``tensors``, the inputs of a recomputation, from the forward that made them.
+
+        Called by ``checkpointing`` just before a recomputation reads ``tensors`` (the
+        checkpoint's inputs and, where known, the gradients arriving at it). Afterwards
+        work computed from ``tensors`` must not be merged with, or scheduled before, work
+        the graph did before this call. Values are unchanged; it may update the tensors
+        in place (XLA: one ``optimization_barrier_`` over all of them) and must not
+        record anything autograd sees. Eager devices need nothing. Without the member,
+        accel calls ``mark_step()`` (a flush is the barrier every lazy device has; on an
+        eager device it does nothing).
+        """
+
+
 def protocol_members() -> tuple[str, ...]:
     """Return the names every :class:`Accelerator` must provide, sorted."""
     return _PROTOCOL_MEMBERS
@@ -283,6 +319,12 @@ def _declared_members(protocol: type) -> tuple[str, ...]:
 
 
 _PROTOCOL_MEMBERS = _declared_members(Accelerator)
+_OPTIONAL_MEMBERS = _declared_members(RecomputeBarrier)
+
+
+def optional_members() -> tuple[str, ...]:
+    """Return the names a backend may leave out (accel supplies a default), sorted."""
+    return _OPTIONAL_MEMBERS
 
 
 def iter_missing_members(obj: object) -> Iterator[str]:

@@ -57,6 +57,8 @@ class BackendInfo:
         reason: Why not, when ``available`` is false.
         device_count: Devices this process can see.
         priority: Its place in auto-detection (highest first; negative: never auto).
+        automatic: Whether auto-detection may pick it here (see
+            :attr:`Availability.automatic`; ``reason`` then says why not).
     """
 
     name: str
@@ -68,6 +70,7 @@ class BackendInfo:
     reason: str | None
     device_count: int
     priority: int
+    automatic: bool = True
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,7 @@ def list_backends() -> list[BackendInfo]:
                     reason=availability.reason,
                     device_count=availability.device_count,
                     priority=spec.priority,
+                    automatic=availability.automatic,
                 )
             )
     return rows
@@ -300,7 +304,8 @@ def _auto_detect(catalog: Catalog) -> Selection:
     skipped: list[str] = []
     for entry in _by_priority(catalog):
         name = entry.spec.name
-        if entry.spec.priority < 0 or not status(entry).available:
+        availability = status(entry)
+        if entry.spec.priority < 0 or not availability.available or not availability.automatic:
             continue
         if name in _factory_failures:
             skipped.append(f"{name}: {_factory_failures[name]}")

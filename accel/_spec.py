@@ -19,18 +19,28 @@ class Availability:
 
     Attributes:
         available: ``True`` when :func:`accel.get_backend` would succeed for it.
-        reason: Why not, as a sentence, when ``available`` is false.
+        reason: Why not, as a sentence, when ``available`` is false; why auto-detection
+            passes it over, when ``automatic`` is false.
         device_count: Devices this process can see (0 when unavailable).
+        automatic: ``False`` for a backend that can run here but that auto-detection
+            must not pick, only a name (``ACCEL``, ``get_backend(name)``): PyTorch/XLA's
+            CPU client runs on any host, yet such a host keeps ``cpu``.
     """
 
     available: bool
     reason: str | None = None
     device_count: int = 0
+    automatic: bool = True
 
     @classmethod
     def unavailable(cls, reason: str) -> Availability:
         """Return an :class:`Availability` saying the backend cannot run, and why."""
         return cls(available=False, reason=reason, device_count=0)
+
+    @classmethod
+    def by_name_only(cls, reason: str, device_count: int = 1) -> Availability:
+        """Return an :class:`Availability` for a backend only a name may select, and why."""
+        return cls(available=True, reason=reason, device_count=device_count, automatic=False)
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,17 @@ class HpuBackend(TorchDeviceBackend):
         if self._is_lazy:
             self._core.mark_step()
 
+    def recompute_barrier(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Flush the lazy graph before a recomputation (lazy mode); nothing in eager mode.
+
+        The bridge offers no optimisation-barrier operator, so in lazy mode the flush is
+        the barrier: the forward runs as graphs of its own, which the graph compiler
+        cannot merge with the recomputation. The flush sits at the same place in every
+        step (before each checkpoint's recomputation), so after the first step the
+        bridge finds each graph in its cache instead of compiling it again.
+        """
+        self.mark_step()
+
     def manual_seed(self, seed: int) -> None:
         """Seed the HPU generator."""
         self._random.manual_seed(seed)

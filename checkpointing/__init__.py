@@ -2,9 +2,10 @@
 
 Drop-in for ``torch.utils.checkpoint``, written only against the
 :class:`accel.Accelerator` protocol: dropout is replayed exactly (host and device
-generators), autocast is replayed (device and host), a lazy device's graph is flushed
-with ``backend.mark_step()`` before each recomputation, and modules with running
-statistics do not update them twice.
+generators), autocast is replayed (device and host), each recomputation's inputs pass
+the backend's recompute barrier (:func:`accel.recompute_barrier`: an optimisation
+barrier on a compiling lazy device, ``backend.mark_step()`` on backends without one),
+and modules with running statistics do not update them twice.
 
 Example::
 

@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-import accel
-from accel import Accelerator
+import torch
 
-__all__ = ["require_bool", "require_optional_bool", "resolve_backend", "validate_budget"]
+import accel
+from accel import Accelerator, AccelError
+
+__all__ = [
+    "default_backend",
+    "require_bool",
+    "require_optional_bool",
+    "resolve_backend",
+    "validate_budget",
+]
+
+
+def default_backend(values: Iterable[Any]) -> Accelerator:
+    """Return the backend a checkpoint given no ``backend`` runs on.
+
+    :func:`accel.get_backend`, unless the tensors among ``values`` live on a device
+    that backend does not compute on (a backend selected by name only, such as
+    a lazy runtime's host client, while auto-detection keeps ``cpu``): then the backend
+    named after that device type, as torch's checkpoint infers the device from its
+    inputs. Otherwise the generators replayed would not be the ones the function
+    draws from. Falls back to :func:`accel.get_backend` where no such backend exists.
+    """
+    backend = accel.get_backend()
+    others = {
+        value.device.type
+        for value in values
+        if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta")
+    } - {backend.device_type}
+    if len(others) != 1:
+        return backend
+    (device_type,) = others
+    try:
+        named = accel.get_backend(device_type)
+    except AccelError:
+        return backend
+    return named if named.device_type == device_type else backend
 
 
 def resolve_backend(backend: Any, *, where: str = "backend") -> Accelerator | None:

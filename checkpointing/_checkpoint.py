@@ -1,9 +1,10 @@
 """``checkpoint``: the drop-in replacement for ``torch.utils.checkpoint.checkpoint``.
 
 Both variants replay the forward's host and device generator states (so dropout masks
-are the same), its device and host autocast states, call ``backend.mark_step()``
-before recomputing (flushing a lazy device's graph; a no-op elsewhere), and keep
-modules with running statistics from updating them a second time.
+are the same), its device and host autocast states, put the recomputation's inputs
+behind the backend's recompute barrier (:func:`accel.recompute_barrier`; by default
+``backend.mark_step()``, which flushes a lazy device's graph and does nothing
+elsewhere), and keep modules with running statistics from updating them a second time.
 
 Reentrant (``use_reentrant=True``; what ``None``, the default, means after the
 installed torch's warning, as in torch): an autograd Function
@@ -13,7 +14,7 @@ parameters inside get no gradient), accepts no keyword arguments for the functio
 and does not work with :func:`torch.autograd.grad` or ``backward(inputs=...)``.
 
 Non-reentrant (``use_reentrant=False``): torch's own non-reentrant checkpoint with
-accel's generator, autocast, ``mark_step`` and running-statistics replay layered in
+accel's generator, autocast, recompute-barrier and running-statistics replay layered in
 (see :mod:`checkpointing._non_reentrant` for why); none of those limits, and torch's
 ``CheckpointError`` when the recomputation does not match the forward.
 
@@ -47,7 +48,6 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
-import accel
 from accel import Accelerator, _compat
 from accel._compat import (
     CHECKPOINT_TAKES_EARLY_STOP,
@@ -55,7 +55,7 @@ from accel._compat import (
     REENTRANT_OPTIONS_MESSAGE,
 )
 
-from ._args import require_optional_bool, resolve_backend
+from ._args import default_backend, require_optional_bool, resolve_backend
 from ._non_reentrant import TORCH_CHECKPOINT, TORCH_NOOP_CONTEXT_FN, ContextFn, run_non_reentrant
 from ._reentrant import run_reentrant
 from ._state import Options
@@ -104,7 +104,10 @@ def checkpoint(
         preserve_rng_state: Replay the host and device generator states in the
             recomputation, so random ops (dropout) draw the same numbers. ``False``
             saves a little time and makes no generator calls at all.
-        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`, or,
+            for inputs on a device that backend does not compute on, the backend named
+            after that device type (one selected by name only, while auto-detection
+            keeps cpu).
         context_fn: Non-reentrant only: returns two context managers, entered around
             the forward and around the recomputation (torch's, e.g. from
             ``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
@@ -325,7 +328,7 @@ def run_checkpoint(
     if use_reentrant and not _any_requires_grad(args):
         warnings.warn(NO_INPUT_GRAD_WARNING, UserWarning, stacklevel=_user_stacklevel())
     options = Options(
-        backend=accel.get_backend() if backend is None else backend,
+        backend=default_backend((*args, *kwargs.values())) if backend is None else backend,
         preserve_rng_state=preserve_rng_state,
         offload=offload,
     )

@@ -22,15 +22,25 @@ checkpointing policies from ``create_selective_checkpoint_contexts``) and
   :class:`_Replay`. Its first call is the forward: it captures the host generator and
   the generator of every device the inputs live on (``backend.get_rng_state(index)``),
   and the autocast states (``backend.autocast_kwargs()``). Each later call is a
-  recomputation: it flushes a lazy device's graph (``backend.mark_step()``), enters
+  recomputation: it puts its inputs behind the recompute barrier
+  (:func:`accel.recompute_barrier`), enters
   ``backend.fork_rng(devices=...)``, restores those generators, replays the autocast
   states, marks the thread as recomputing, and keeps modules with running statistics
   from updating them twice (:func:`checkpointing._state.recomputation`). torch's own
-  generator handling would only know the devices torch has a module for, and not
-  ``mark_step``.
+  generator handling would only know the devices torch has a module for, and no
+  recompute barrier.
 * ``offload_to_cpu`` is a saved-tensor hook around torch's call: torch saves the
   checkpoint's inputs before installing its own hooks, so exactly those inputs pass
   through ours, which keeps them in host memory until the recomputation reads them.
+
+Devices torch has no module for. torch's checkpoint looks up ``torch.<device type>``
+for the device its tensor arguments live on, and raises ``AttributeError`` where there
+is none (a lazy-tensor runtime that registers no device module of its own). Such
+arguments reach torch inside an opaque :class:`_Hidden` box, so torch infers its
+default device type and treats the box as a plain object; :class:`_Replay` opens the
+box for the function. torch then does not save those tensors: the box keeps them for
+the recomputation (as torch's saved input would), or, with ``offload_to_cpu``, keeps
+only their host copy. Nothing in torch is patched.
 
 Under ``torch.compile``, dynamo only understands torch's checkpoint itself (it becomes
 a higher-order op, and dynamo enters no custom context), so :mod:`._checkpoint`
@@ -61,6 +71,36 @@ TORCH_CHECKPOINT: Callable[..., Any] = torch.utils.checkpoint.checkpoint
 TORCH_NOOP_CONTEXT_FN = torch.utils.checkpoint.noop_context_fn
 
 
+class _Hidden:
+    """A tensor argument passed to torch's checkpoint where torch cannot see it.
+
+    Holds the tensor for the forward and, for the recomputation, either the tensor
+    again or only its host copy (``offload_to_cpu``), which is restored to the device
+    when the recomputation opens the box.
+    """
+
+    __slots__ = ("host", "tensor")
+
+    def __init__(self, tensor: torch.Tensor, host: HostCopy | None) -> None:
+        self.tensor: torch.Tensor | None = tensor
+        self.host = host
+
+    def open(self, options: Options) -> torch.Tensor:
+        if self.tensor is not None:
+            return self.tensor
+        assert self.host is not None
+        return restore(self.host, options.backend)
+
+    def forward_done(self) -> None:
+        """Drop the device tensor where a host copy keeps its values until backward."""
+        if self.host is not None:
+            self.tensor = None
+
+
+def _opened(args: tuple[Any, ...], options: Options) -> tuple[Any, ...]:
+    return tuple(arg.open(options) if isinstance(arg, _Hidden) else arg for arg in args)
+
+
 class _Replay:
     """What torch's checkpoint runs: the forward on the first call, recomputations after."""
 
@@ -71,6 +111,7 @@ class _Replay:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         state = self.state
+        args = _opened(args, self.options)
         if state is None:
             state = self.state = ForwardState.capture(
                 self.options.backend,
@@ -82,8 +123,25 @@ class _Replay:
             except BaseException:
                 state.restore_rng()
                 raise
-        with recomputation(state):
+        with recomputation(state, (*args, *kwargs.values())):
             return self.function(*args, **kwargs)
+
+
+def _hide_unknown_devices(args: tuple[Any, ...], options: Options) -> tuple[Any, ...]:
+    """Box the tensors on devices torch's checkpoint has no module for (see module doc)."""
+    if all(
+        not isinstance(arg, torch.Tensor) or _compat.checkpoint_knows_device(arg.device.type)
+        for arg in args
+    ):
+        return args
+    hidden: list[Any] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and not _compat.checkpoint_knows_device(arg.device.type):
+            item = stash(arg, options.backend) if options.offload else arg
+            hidden.append(_Hidden(arg, item if isinstance(item, HostCopy) else None))
+        else:
+            hidden.append(arg)
+    return tuple(hidden)
 
 
 class _OffloadInputs(torch.autograd.graph.saved_tensors_hooks):
@@ -143,6 +201,7 @@ def run_non_reentrant(
     if not torch.is_grad_enabled():
         return function(*args, **kwargs)
     replay = _Replay(function, options)
+    args = _hide_unknown_devices(args, options)
     # Host inputs are never copied, so without a device input there is nothing to offload
     # (and the inputs come back to the recomputation as the same objects).
     offload = _OffloadInputs(options) if options.offload and _on_device(args, kwargs) else None
@@ -163,5 +222,10 @@ def run_non_reentrant(
                 **kwargs,
             )
     finally:
+        boxes = [arg for arg in args if isinstance(arg, _Hidden)]
+        copies = [box.host for box in boxes if box.host is not None]
         if offload is not None:
-            wait_for_copies(list(offload.copies), options.backend)
+            copies.extend(offload.copies)
+        wait_for_copies(copies, options.backend)
+        for box in boxes:
+            box.forward_done()

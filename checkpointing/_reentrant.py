@@ -3,9 +3,10 @@
 Forward keeps the tensor inputs (``save_for_backward``, or host copies with
 ``offload``) and the non-tensor inputs aside, captures the autocast and generator
 states through the backend, and runs the function without building a graph. Backward
-flushes the lazy graph, replays those states, recomputes the function with grad
-enabled from detached inputs, and back-propagates through the recomputed graph with a
-nested ("reentrant") call to :func:`torch.autograd.backward`.
+puts the inputs and the incoming gradients behind the backend's recompute barrier,
+replays those states, recomputes the function with grad enabled from detached inputs,
+and back-propagates through the recomputed graph with a nested ("reentrant") call to
+:func:`torch.autograd.backward`.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ class _ReentrantCheckpoint(torch.autograd.Function):
         for index, host_copy in ctx.host_copies.items():
             inputs[index] = restore(host_copy, options.backend)
         detached = tuple(_detached(value) for value in inputs)
-        with recomputation(ctx.state):
+        # The incoming gradients join the barrier so that a lazy device also cannot
+        # schedule the recomputation before backward reaches this checkpoint.
+        with recomputation(ctx.state, (*detached, *grad_outputs)):
             outputs = ctx.function(*detached)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)

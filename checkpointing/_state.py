@@ -2,9 +2,11 @@
 
 A checkpointed function runs twice: once in forward, once when backward needs its
 activations. For the second run to give the first run's tensors it must see the same
-generator states (dropout masks), the same autocast state (dtypes) and, on a lazy
-device, a flushed graph. It must also leave no trace of its own: modules that track
-running statistics (batch norm) must not update them a second time.
+generator states (dropout masks) and the same autocast state (dtypes); on a lazy
+device its inputs also pass a recompute barrier (:func:`accel.recompute_barrier`), so
+that the device compiler cannot merge the recomputation back into the forward. It must
+also leave no trace of its own: modules that track running statistics (batch norm) must
+not update them a second time.
 
 Everything device-specific goes through the :class:`accel.Accelerator` protocol.
 """
@@ -12,7 +14,7 @@ Everything device-specific goes through the :class:`accel.Accelerator` protocol.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel import Accelerator
+from accel import Accelerator, recompute_barrier
 
 __all__ = ["ForwardState", "Options", "is_recomputing", "recomputation", "rng_devices"]
 
@@ -178,10 +180,12 @@ def _autocast(kwargs: dict[str, Any]) -> Any:
 
 
 @contextmanager
-def recomputation(state: ForwardState) -> Iterator[None]:
+def recomputation(state: ForwardState, inputs: Sequence[Any] = ()) -> Iterator[None]:
     """Re-enter the forward's state for the length of a recomputation.
 
-    In order: flush the lazy graph (``backend.mark_step()``); enter
+    In order: put the tensors among ``inputs`` behind the backend's recompute barrier
+    (:func:`accel.recompute_barrier`: a compiler's optimisation barrier, a ``mark_step()``
+    on a lazy backend without one, nothing on an eager backend); enter
     ``backend.fork_rng()`` and restore the captured generator states (skipped
     entirely without ``preserve_rng_state``); enable grad; re-enter the device
     autocast state and the host one; mark this thread as recomputing; and guard the
@@ -191,9 +195,11 @@ def recomputation(state: ForwardState) -> Iterator[None]:
 
     Args:
         state: What :meth:`ForwardState.capture` read in forward.
+        inputs: What the recomputation reads: the function's arguments and, where
+            known, the gradients arriving at its outputs.
     """
     backend = state.backend
-    backend.mark_step()
+    recompute_barrier(backend, [value for value in inputs if isinstance(value, torch.Tensor)])
     with ExitStack() as stack:
         if state.preserves_rng:
             stack.enter_context(state.fork_rng())

@@ -161,6 +161,8 @@ class OffloadModel(nn.Module):
             )
         self.module = model if isinstance(model, nn.Sequential) else nn.ModuleList(layers)
         copy = _transfer.copies_needed(compute_device, home)
+        if copy:
+            _transfer.require_swappable(compute_device)
         if not copy:
             self.module.to(compute_device)
         runs = partition([parameter_bytes(layer) for layer in layers], num_slices)

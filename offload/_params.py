@@ -153,6 +153,8 @@ def offload_parameters(
     else:
         chosen = [(m, list(m.parameters())) for m in modules]
     copy = _transfer.copies_needed(compute_device, torch.device("cpu"))
+    if copy:
+        _transfer.require_swappable(compute_device)
     covered = {id(p) for _, params in chosen for p in params}
     origins: list[tuple[torch.Tensor, torch.device, tuple[int, ...]]] = [
         (t, t.device, t.stride()) for t in [*module.parameters(), *module.buffers()]

@@ -24,6 +24,7 @@ RULES: dict[str, str] = {
     "empty-pinned": "empty_pinned(shape, dtype) allocates host memory, pinned when supported",
     "memory-stats": "memory statistics are non-negative ints that track allocations",
     "mark-step": "mark_step() is callable any time, including inside backward",
+    "recompute-barrier": "the recompute barrier (own or accel's default) keeps values and grads",
     "distributed": "communication_backend is a torch.distributed backend after preparation",
     "dtypes": "is_bf16_supported()/is_fp16_supported() are booleans that hold",
     "checkpoint-dropout": "dropout inside a checkpoint gives the plain run's gradients",

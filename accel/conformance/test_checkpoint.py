@@ -2,9 +2,13 @@
 
 ``checkpointing`` restores the generator states it captured through the backend
 before recomputing, so dropout inside a checkpoint must give the plain run's outputs
-and gradients. The comparison is exact (``torch.equal``) on every device: the
+and gradients. On an eager device the comparison is exact (``torch.equal``): the
 recomputation runs the same deterministic kernels (linear, GELU, dropout) on the same
 inputs with the same generator state, and each parameter receives its gradient once.
+A lazy device compiles the checkpointed step into other graphs than the plain step
+(the recomputation is fused differently), so there gradients agree to float rounding
+(``torch.testing.assert_close``'s defaults); the masks themselves are compared exactly
+on every device, through a function whose input gradient is its dropout mask.
 """
 
 from __future__ import annotations
@@ -58,17 +62,52 @@ def test_dropout_in_checkpoint_matches_plain_run(
     out, x_grad, grads = _step(accel_backend, copy.deepcopy(model), x, use_reentrant)
 
     mode = "reentrant" if use_reentrant else "non-reentrant"
+    same = torch.equal if not accel_backend.is_lazy else _close
     assert torch.equal(out, plain_out), rule(
         "checkpoint-dropout", f"{mode}: the checkpointed forward differs from the plain one"
     )
-    assert torch.equal(x_grad, plain_x_grad), rule(
+    assert same(x_grad, plain_x_grad), rule(
         "checkpoint-dropout",
         f"{mode}: the input gradient differs: the recomputation drew another dropout mask, "
         "so set_rng_state(get_rng_state()) does not restore the generator dropout uses",
     )
     assert len(grads) == len(plain_grads) and all(
-        torch.equal(a, b) for a, b in zip(grads, plain_grads, strict=True)
+        same(a, b) for a, b in zip(grads, plain_grads, strict=True)
     ), rule("checkpoint-dropout", f"{mode}: the parameter gradients differ from the plain run's")
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    try:
+        torch.testing.assert_close(actual, expected)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.accel_requires("tensors")
+@pytest.mark.parametrize("use_reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_recomputed_dropout_mask_is_the_forward_mask(
+    accel_backend: Accelerator, use_reentrant: bool
+) -> None:
+    # d(sum(dropout(x) * 2))/dx is the mask times 2 / (1 - p): exact on every device.
+    def masked(v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(v, p=0.5, training=True) * 2.0
+
+    masks = []
+    for run in (
+        masked,
+        lambda v: checkpoint(masked, v, use_reentrant=use_reentrant, backend=accel_backend),
+    ):
+        x = torch.ones(4096, device=accel_backend.device(), requires_grad=True)
+        accel_backend.manual_seed(SEED)
+        run(x).sum().backward()
+        assert x.grad is not None
+        masks.append(x.grad.detach().cpu())
+    assert torch.equal(masks[0], masks[1]), rule(
+        "checkpoint-dropout",
+        f"{'reentrant' if use_reentrant else 'non-reentrant'}: the recomputation's dropout "
+        "mask differs from the forward's",
+    )
 
 
 def _compiled_step(
@@ -106,9 +145,16 @@ def test_compiled_checkpoint_matches_torchs(
     accel_backend: Accelerator, use_reentrant: bool, compile_with: str
 ) -> None:
     compile_backend = accel_backend.compile_backend if compile_with == "device" else compile_with
-    theirs = _compiled_step(
-        accel_backend, torch.utils.checkpoint.checkpoint, compile_backend, use_reentrant
-    )
+    try:
+        theirs = _compiled_step(
+            accel_backend, torch.utils.checkpoint.checkpoint, compile_backend, use_reentrant
+        )
+    except Exception as exc:  # torch's own failure: nothing to compare ours with
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        pytest.skip(
+            f"torch {torch.__version__}'s own checkpoint does not compile with dropout on "
+            f"{accel_backend.device_type} tensors ({type(exc).__name__}: {first_line})"
+        )
     ours = _compiled_step(accel_backend, checkpoint, compile_backend, use_reentrant)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)), rule(
         "checkpoint-compile",

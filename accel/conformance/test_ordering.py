@@ -1,4 +1,4 @@
-"""mark_step, synchronize, dtypes and the distributed backend."""
+"""mark_step, the recompute barrier, synchronize, dtypes and the distributed backend."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import accel
 from accel import Accelerator
 from accel.conformance import rule
 
@@ -28,6 +29,28 @@ def test_mark_step_any_time(accel_backend: Accelerator) -> None:
         "mark-step", "mark_step() inside backward disturbed the gradient"
     )
     accel_backend.synchronize()
+
+
+@pytest.mark.accel_requires("tensors")
+def test_recompute_barrier_keeps_values_and_gradients(accel_backend: Accelerator) -> None:
+    # Called as checkpointing calls it: on detached leaves and on a gradient, mid-graph.
+    device = accel_backend.device()
+    x = torch.arange(6.0).to(device).requires_grad_()
+    grad = torch.full((6,), 3.0).to(device)
+    accel.recompute_barrier(accel_backend, [])
+    accel.recompute_barrier(accel_backend, [x, grad])
+    y = (x * x).sum()
+    y.backward()
+    assert x.grad is not None and torch.equal(x.grad.cpu(), 2 * torch.arange(6.0)), rule(
+        "recompute-barrier", "gradients through a tensor behind the barrier are wrong"
+    )
+    assert torch.equal(grad.cpu(), torch.full((6,), 3.0)), rule(
+        "recompute-barrier", "the barrier changed a tensor's values"
+    )
+    member = getattr(accel_backend, "recompute_barrier", None)
+    assert member is None or callable(member), rule(
+        "recompute-barrier", f"recompute_barrier is {member!r}, not a method"
+    )
 
 
 def test_communication_backend(accel_backend: Accelerator) -> None:

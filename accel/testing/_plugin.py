@@ -113,7 +113,11 @@ class BackendSelection:
         if value == "all":
             return cls(value, known_names, known_names)
         if value == "available":
-            names = [info.name for info in known if info.available and info.priority >= 0]
+            names = [
+                info.name
+                for info in known
+                if info.available and info.automatic and info.priority >= 0
+            ]
             return cls(value, tuple(dict.fromkeys(names)), known_names)
         names = [part.strip() for part in value.split(",") if part.strip()]
         unknown = [name for name in names if name not in known_names]
@@ -174,7 +178,28 @@ def pytest_configure(config: pytest.Config) -> None:
             known = list_backends()
     except AccelError as exc:  # strict plugin mode, or a bad ACCEL_* value
         raise pytest.UsageError(str(exc)) from exc
-    config.stash[_selection_key] = BackendSelection.parse(spec, known, source=source)
+    selection = BackendSelection.parse(spec, known, source=source)
+    config.stash[_selection_key] = selection
+    if selection.spec not in ("all", "available"):
+        _create_named(selection, source or f"--accel={spec!r}")
+
+
+def _create_named(selection: BackendSelection, given: str) -> None:
+    """Create the backends named explicitly before any test runs.
+
+    A backend whose vendor library registers a device with torch when imported must be
+    imported before the first backward of the session: autograd sizes its per-device
+    queues when its engine starts, and a device registered later fails there
+    ("device_ready_queues_ ... INTERNAL ASSERT FAILED", seen with torch_xla 2.9.0).
+    """
+    for name in selection.names:
+        try:
+            with _quiet_plugin_warnings():
+                get_backend(name)
+        except AccelError as exc:
+            raise pytest.UsageError(
+                f"{given}: backend {name!r} could not be created: {exc}"
+            ) from exc
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -32,7 +32,7 @@ def test_table_lists_every_backend_and_the_pick() -> None:
     lines = result.stdout.splitlines()
     header = next(line for line in lines if line.startswith("backend"))
     assert header.split() == ["backend", "provider", "version", "status", "devices", "priority"]
-    for name in ("hpu", "cuda", "xpu", "mps", "cpu", "recording"):
+    for name in ("hpu", "xla", "cuda", "xpu", "mps", "cpu", "recording"):
         assert any(line.split()[:1] == [name] for line in lines), name
     assert "Why not available:" in result.stdout
     assert "get_backend() would pick: " in result.stdout

@@ -73,7 +73,7 @@ def test_disabled_plugins_are_skipped_silently(
 def test_autoload_can_be_disabled(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "1")
     names = {info.name for info in accel.list_backends()}
-    assert names == {"cpu", "cuda", "hpu", "mps", "recording", "xpu"}
+    assert names == {"cpu", "cuda", "hpu", "mps", "recording", "xla", "xpu"}
 
 
 def test_protocol_violation_names_missing_members(plugin_site: Path) -> None:

@@ -407,7 +407,7 @@ def test_backends_that_do_not_bind_at_creation_are_not_checked(
 def test_only_hpu_among_the_built_ins_binds_at_creation() -> None:
     binding = {
         name
-        for name in ("cpu", "cuda", "hpu", "xpu", "mps")
+        for name in ("cpu", "cuda", "hpu", "xla", "xpu", "mps")
         if _select.binds_device_at_creation(name)
     }
     assert binding == {"hpu"}
@@ -905,7 +905,7 @@ def test_the_distributed_code_compares_no_backend_name() -> None:
     # Vendor traits come from BackendSpec and the protocol, never from a name check.
     import ast
 
-    names = {"cuda", "hpu", "xpu", "mps"}
+    names = {"cuda", "hpu", "xla", "xpu", "mps"}
     found = []
     for module in ("distributed.py", "_launch.py"):
         tree = ast.parse((REPO / "accel" / module).read_text())

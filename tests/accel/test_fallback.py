@@ -70,7 +70,7 @@ def test_no_backend_left_raises_naming_what_failed(
     entries = dict(catalog.entries)
     cpu = entries["cpu"]
     entries["cpu"] = replace(cpu, specs=(replace(cpu.spec, factory=broken_cpu),))
-    for name in ("cuda", "hpu", "xpu", "mps"):
+    for name in ("cuda", "hpu", "xla", "xpu", "mps"):
         del entries[name]
     monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
     with pytest.warns(BackendFallbackWarning), pytest.raises(BackendUnavailableError) as info:

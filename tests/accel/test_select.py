@@ -127,7 +127,7 @@ accel.list_backends()
 import torch
 assert not torch.cuda.is_initialized(), "CUDA was initialised"
 vendors = [m for m in sys.modules if m.split('.')[0] in
-           {'habana_frameworks', 'intel_extension_for_pytorch', 'torch_npu'}]
+           {'habana_frameworks', 'intel_extension_for_pytorch', 'torch_npu', 'torch_xla'}]
 assert not vendors, vendors
 print(backend.name)
 """

@@ -414,3 +414,38 @@ def test_is_available_is_false_when_the_bridge_raises(
     monkeypatch.setattr(sys.modules["habana_frameworks.torch.hpu"], "is_available", broken)
     assert backend.is_available() is False
     assert backend.device_count() == 0
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
+def test_lazy_gaudi_cuts_every_training_step_at_the_same_places(
+    habana_double: ModuleType, monkeypatch: pytest.MonkeyPatch, reentrant: bool
+) -> None:
+    # A lazy runtime compiles each distinct graph between two flushes once and reuses
+    # it; a flush that moves or multiplies from one step to the next recompiles every
+    # step (on XLA, measured with CompileTime in test_xla_device.py).
+    from torch import nn
+
+    from checkpointing import apply_activation_checkpointing
+    from offload import Engine
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    backend = accel.get_backend("hpu")
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)),
+        nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)),
+    )
+    apply_activation_checkpointing(model, use_reentrant=reentrant, backend=backend)
+    engine = Engine(model, torch.optim.SGD(model.parameters(), lr=0.1), backend=backend)
+    x = torch.randn(3, 4, requires_grad=True)
+    watched = ("core.mark_step", "hpu.random.get_rng_state", "hpu.random.set_rng_state")
+    steps = []
+    for _ in range(3):
+        habana_double.CALLS.clear()
+        engine.backward(model(x).pow(2).sum())
+        engine.step()
+        steps.append([name for name in habana_double.call_names() if name in watched])
+    assert steps[0] == steps[1] == steps[2], steps
+    # One flush before each of the two recomputations, one after backward, one after
+    # the optimizer step.
+    assert steps[0].count("core.mark_step") == 4, steps[0]

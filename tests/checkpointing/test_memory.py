@@ -123,6 +123,14 @@ def test_checkpointed_stack_keeps_only_block_inputs(
     accel_backend: Accelerator, reentrant: bool
 ) -> None:
     device = accel_backend.device()
+    try:
+        torch.empty(1, device=device).untyped_storage().data_ptr()
+    except RuntimeError:
+        pytest.skip(
+            f"{device.type} tensors expose no storage (lazy tensors live in runtime "
+            "buffers), and SavedTensorMeter counts storages; the lazy device's own "
+            "tests measure its transfers instead."
+        )
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), *(_layer() for _ in range(4))).to(device)
     x = torch.randn(4, 32, 16, device=device)

@@ -11,7 +11,7 @@ import torch.utils.checkpoint
 import checkpointing
 
 PACKAGE = Path(checkpointing.__file__).resolve().parent
-VENDOR = re.compile(r"cuda|hpu|habana|htcore|xpu|mps", re.IGNORECASE)
+VENDOR = re.compile(r"cuda|hpu|habana|htcore|xpu|mps|xla", re.IGNORECASE)
 
 
 def test_no_file_names_a_vendor() -> None:
@@ -28,7 +28,8 @@ def test_no_file_names_a_vendor() -> None:
 
 
 def test_vendor_pattern_catches_names() -> None:
-    assert all(VENDOR.search(word) for word in ("torch.cuda", "HPU", "habana_frameworks", "XPU"))
+    words = ("torch.cuda", "HPU", "habana_frameworks", "XPU", "torch_xla", "XLA")
+    assert all(VENDOR.search(word) for word in words)
 
 
 def test_public_api_is_sorted_and_documented() -> None:

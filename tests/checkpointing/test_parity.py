@@ -547,9 +547,12 @@ def test_checkpoint_inside_no_grad_is_a_plain_call(
 ) -> None:
     model = _model(Block).to(accel_backend.device())
     x = torch.randn(4, 16, device=accel_backend.device(), requires_grad=True)
+    # Both generators: torch.manual_seed does not seed every device's (XLA's).
     torch.manual_seed(SEED)
+    accel_backend.manual_seed(SEED)
     expected = model(x)
     torch.manual_seed(SEED)
+    accel_backend.manual_seed(SEED)
     with torch.no_grad():
         actual = checkpoint(model, x, use_reentrant=reentrant)
     assert not actual.requires_grad
