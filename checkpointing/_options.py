@@ -7,6 +7,9 @@ its inputs); a selective checkpoint by operator class (keep matmul and attention
 :mod:`._selective`); and one selective checkpoint per prefix of the measured units
 (:mod:`._kept_ops`). Each option's bytes saved are exclusive to the module; its time is
 the recomputation's, to which :func:`priced` adds the selective policy's overhead.
+Modules that contain batch norm in training (running statistics) get no selective
+option: the recomputation gives such modules fresh buffers, a call the selective
+policy never saw in the forward.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from typing import Any
 
 from accel._compat import selective_cache_allows_mutation
 
+from ._decisions import FULL, MEASURED, SAVED, SELECTIVE
 from ._kept_ops import Unit, find_units, keep_options
-from ._plan import FULL, MEASURED, SAVED, SELECTIVE
 from ._profile import StepProfile
 from ._replay import Geometry, counted
 from ._saved_grain import DROP, PACK, SavedUnit, saved_summary, saved_units
@@ -109,7 +112,11 @@ def _options(
                 saved_units=tuple(prefix),
             )
         )
-    if not selective:
+    if not selective or record.running_stats:
+        # The running-statistics guard gives batch norm fresh buffers in the
+        # recomputation (a clone a selective policy never saw in the forward), so
+        # torch's selective checkpoint fails in backward: only whole-module and
+        # saved-tensor grains are offered around such modules.
         return options
     calls = len(record.ops)
     options.append(

@@ -33,7 +33,16 @@ from accel import Accelerator
 from ._replay import Geometry, Ref, replayable, template_of
 from ._selective import is_saved_operator, written_tensors
 
-__all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step", "timed_step", "untouched"]
+__all__ = [
+    "ModuleProfile",
+    "OpCall",
+    "StepProfile",
+    "backward",
+    "call_model",
+    "profile_step",
+    "timed_step",
+    "untouched",
+]
 
 
 @dataclass
@@ -66,6 +75,7 @@ class ModuleProfile:
     kind: str = ""
     calls: int = 0
     repeated_input: bool = False
+    running_stats: bool = False  # it or a module inside updates running statistics
     children: list[str] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)
     cached: set[int] = field(default_factory=set)
@@ -212,7 +222,7 @@ def untouched(model: nn.Module, backend: Accelerator) -> Iterator[None]:
             param.grad = grad
 
 
-def _backward(output: Any) -> None:
+def backward(output: Any) -> None:
     outputs = [t for t in _tensors(output) if t.requires_grad]
     if not outputs:
         raise ValueError(
@@ -223,7 +233,7 @@ def _backward(output: Any) -> None:
     torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
 
 
-def _call(model: nn.Module, example_inputs: Any) -> Any:
+def call_model(model: nn.Module, example_inputs: Any) -> Any:
     if isinstance(example_inputs, dict):
         return model(**example_inputs)
     return model(*example_inputs)
@@ -232,11 +242,11 @@ def _call(model: nn.Module, example_inputs: Any) -> Any:
 def timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> tuple[float, float]:
     backend.synchronize()
     start = time.perf_counter()
-    output = _call(model, example_inputs)
+    output = call_model(model, example_inputs)
     backend.mark_step()
     backend.synchronize()
     middle = time.perf_counter()
-    _backward(output)
+    backward(output)
     backend.mark_step()
     backend.synchronize()
     return time.perf_counter() - start, middle - start
@@ -303,6 +313,9 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         # that tells apart `f(x, x)` from `f(x, y)` (attention's self-attention path)
         # would run differently; such modules are not candidates.
         record.repeated_input |= len({id(t) for t in tensors}) < len(tensors)
+        if module.training and getattr(module, "track_running_stats", False):
+            for running in (record, *recorder.stack):
+                running.running_stats = True
         for tensor in tensors:
             index = recorder.identify(tensor)
             record.input_order.append(index)
@@ -332,7 +345,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         return tensor
 
     with untouched(model, backend):
-        _backward(_call(model, example_inputs))  # warm-up: first-call costs are not kept
+        backward(call_model(model, example_inputs))  # warm-up: first-call costs are not kept
         model.zero_grad(set_to_none=True)
         device_start = 0
         if backend.supports_memory_stats:
@@ -345,14 +358,14 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
                 stack.callback(module.register_forward_hook(after).remove)
             stack.enter_context(recorder)
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
-            output = _call(model, example_inputs)
+            output = call_model(model, example_inputs)
         backend.mark_step()
         device_bytes = device_peak = None
         if backend.supports_memory_stats:
             backend.synchronize()
             device_bytes = backend.memory_allocated() - device_start
             device_peak = backend.max_memory_allocated() - device_start
-        _backward(output)
+        backward(output)
         del output
         model.zero_grad(set_to_none=True)
         timings = [timed_step(model, example_inputs, backend) for _ in range(2)]
