@@ -108,11 +108,11 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
     bench = size == "bench"
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
-    width, layers, seq, batch = (128, 4, 128, 4) if bench else (32, 2, 16, 2)
+    width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
     if family == "resnet":
-        channels, side = (32, 32) if bench else (8, 12)
-        model: nn.Module = ResNet(channels, 4 if bench else 2)
-        images = torch.randn(8 if bench else 4, 3, side, side, generator=generator)
+        channels, side = (32, 48) if bench else (8, 12)
+        model: nn.Module = ResNet(channels, 6 if bench else 2)
+        images = torch.randn(16 if bench else 4, 3, side, side, generator=generator)
         labels = torch.randint(10, (images.shape[0],), generator=generator)
         zoo = ZooModel(
             family,
@@ -125,7 +125,7 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
         from transformers import ViTConfig, ViTForImageClassification
         from transformers.models.vit.modeling_vit import ViTLayer
 
-        side = 32 if bench else 16
+        side = 64 if bench else 16
         vit = ViTConfig(
             hidden_size=width,
             num_hidden_layers=layers,
@@ -138,7 +138,7 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
             attention_probs_dropout_prob=0.1,
         )
         model = ViTForImageClassification(vit)
-        images = torch.randn(batch * (4 if bench else 1), 3, side, side, generator=generator)
+        images = torch.randn(batch, 3, side, side, generator=generator)
         labels = torch.randint(10, (images.shape[0],), generator=generator)
         zoo = ZooModel(
             family,

@@ -16,7 +16,8 @@ forward's values. Planned tensors are then:
   the same call wait in a cache until their own unpack.
 
 Every other saved tensor goes to the hooks that were active outside the module, if
-any, unchanged.
+any, unchanged. Under ``torch.compile`` the module runs without the hooks (the compiled
+graph decides what it saves).
 """
 
 from __future__ import annotations
@@ -192,8 +193,13 @@ class SavedTensorWrapper(CheckpointWrapper):
         self.plan = plan
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the wrapped module's forward with the plan's saved-tensor hooks."""
-        if not torch.is_grad_enabled():
+        """Run the wrapped module's forward with the plan's saved-tensor hooks.
+
+        Under ``torch.compile`` the module runs as it is: the compiler chooses what its
+        graph saves (its partitioner recomputes cheap operators, as this grain does), and
+        saved-tensor hooks cannot be traced.
+        """
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self.module(*args, **kwargs)
         inputs = _tensors((args, kwargs))
         run = _Run(self, inputs)
