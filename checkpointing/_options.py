@@ -9,7 +9,10 @@ its inputs); a selective checkpoint by operator class (keep matmul and attention
 the recomputation's, to which :func:`priced` adds the selective policy's overhead.
 Modules that contain batch norm in training (running statistics) get no selective
 option: the recomputation gives such modules fresh buffers, a call the selective
-policy never saw in the forward.
+policy never saw in the forward. Modules that call an operator whose output shape or
+value the data decides (``nonzero``, ``masked_select``, ``item``: mixture-of-experts
+routing) get neither a saved-tensor nor a measured option, whose recorded positions
+and occurrences would not hold in another step.
 """
 
 from __future__ import annotations
@@ -93,7 +96,10 @@ def _options(
 
     inputs = frozenset(record.inputs)
     options = [option(FULL, record.forward_time, inputs)]
-    for prefix in saved_units(profile, name, price):
+    # Saved-tensor positions and operator occurrences are recorded once; where the data
+    # decides shapes or how many calls run (routing), only grains without them remain.
+    stable = not record.data_dependent
+    for prefix in saved_units(profile, name, price) if stable else []:
         dropped = {i for unit in prefix if unit.action == DROP for i in unit.storages}
         packed = {i for unit in prefix if unit.action == PACK for i in unit.storages}
         packed_bytes = sum(
@@ -129,7 +135,7 @@ def _options(
             kept_count=len(record.cached),
         )
     )
-    measured = find_units(record.ops, selective_cache_allows_mutation())
+    measured = find_units(record.ops, selective_cache_allows_mutation()) if stable else []
     for numbers in keep_options(measured, profile.storage_bytes, record.inputs):
         chosen = [measured[number] for number in numbers]
         kept_calls = tuple(sorted(call for unit in chosen for call in unit.calls))

@@ -76,6 +76,7 @@ class ModuleProfile:
     calls: int = 0
     repeated_input: bool = False
     running_stats: bool = False  # it or a module inside updates running statistics
+    data_dependent: bool = False  # an operator inside has a data-dependent output shape
     children: list[str] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)
     cached: set[int] = field(default_factory=set)
@@ -104,6 +105,19 @@ class StepProfile:
     def plain_bytes(self) -> int:
         """Bytes of the distinct storages autograd keeps in the plain step."""
         return sum(self.storage_bytes[index] for index in self.saved_by)
+
+
+# Operators whose output shape or value the data decides (nonzero, masked_select, item):
+# with them a module's operator calls and saved tensors can differ from step to step
+# (mixture-of-experts routing), so positions and occurrences recorded once do not hold.
+_DATA_DEPENDENT = tuple(
+    tag
+    for tag in (
+        getattr(torch.Tag, "dynamic_output_shape", None),
+        getattr(torch.Tag, "data_dependent_output", None),
+    )
+    if tag is not None
+)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -173,11 +187,13 @@ class _Recorder(TorchDispatchMode):
         kept = is_saved_operator(func)
         name = str(func)
         random = torch.Tag.nondeterministic_seeded in func.tags
+        data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT)
         template = None
         if replayable(func) and any(module.children for module in self.stack):
             template, complete = template_of((args, kwargs), self.ref)
             template = template if complete else None
         for module in self.stack:
+            module.data_dependent |= data_dependent
             module.forward_time += elapsed
             module.written_bytes += written
             if kept:
