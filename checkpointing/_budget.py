@@ -180,8 +180,9 @@ def plan_checkpointing(
             f"operator call, {overhead[1] * 1e6:.1f} us more per kept call"
             + (" (a first plan timed in place)." if timed else ".")
         )
-    pool, best = _checked(model, example_inputs, backend, profile, budget, options, chosen)
-    return _plan(profile, Knapsack(profile, 0, options), best.chosen, budget, note, pool, best)
+    pool, best, target = _checked(model, example_inputs, backend, profile, budget, options, chosen)
+    knapsack = Knapsack(profile, 0, options)
+    return _plan(profile, knapsack, best.chosen, budget, note, pool, best, target)
 
 
 def _checked(
@@ -192,8 +193,10 @@ def _checked(
     budget: int,
     options: dict[str, list[Option]],
     chosen: dict[str, Option],
-) -> tuple[list[Candidate], Candidate]:
-    """The considered plans and the one to take, checked in place (:mod:`._candidates`).
+) -> tuple[list[Candidate], Candidate, int]:
+    """The considered plans, the one to take and the bytes they had to fit, checked in place.
+
+    See :mod:`._candidates`.
 
     The fastest candidate that fits by estimate is applied and its activation bytes
     measured (:func:`._overhead.live_bytes`, above the plain model's); if they exceed
@@ -224,7 +227,7 @@ def _checked(
             break
     full = next((c for c in pool if c.label == EVERY_BLOCK), None)
     if full is None or full is best or not full.fits(target):
-        return pool, best
+        return pool, best, target
     applies = [
         _plan(profile, Knapsack(profile, 0, options), c.chosen, budget, "").apply
         for c in (best, full)
@@ -235,8 +238,8 @@ def _checked(
     # A margin, so that timing noise on a busy host does not trade a plan estimated much
     # faster for whole blocks; where the estimate is wrong (convolutions) the gap is wide.
     if seconds[1] < _SWITCH * seconds[0] and held(full) <= budget:
-        return pool, full
-    return pool, best
+        return pool, full, target
+    return pool, best, target
 
 
 def _choose(
@@ -284,6 +287,7 @@ def _plan(
     note: str,
     pool: list[Candidate] = (),  # type: ignore[assignment]
     taken: Candidate | None = None,
+    target: int | None = None,
 ) -> CheckpointPlan:
     recompute = sum(option.seconds for option in chosen.values())
     considered = tuple(
@@ -292,7 +296,7 @@ def _plan(
             c.estimated_bytes,
             c.estimated_seconds,
             c.measured_seconds,
-            c.estimated_bytes <= budget,
+            c.estimated_bytes <= (budget if target is None else target),
             c is taken,
         )
         for c in pool

@@ -97,7 +97,7 @@ class ConsideredPlan:
     estimated_bytes: int
     estimated_seconds: float  # recompute time, estimated
     measured_seconds: float | None  # recompute time measured in place, if timed
-    fits: bool  # estimated bytes within the budget
+    fits: bool  # estimated bytes within the budget (less any overshoot measured in place)
     taken: bool
 
 

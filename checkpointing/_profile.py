@@ -141,6 +141,7 @@ class _Recorder(TorchDispatchMode):
         self.occurrences: Counter[tuple[str, str]] = Counter()  # (module, operator) calls
         self.operator_time = 0.0
         self.per_operator = backend.is_asynchronous and not backend.is_lazy
+        self.shaped_by_data: set[int] = set()  # storages created downstream of routing
 
     def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
         storage = tensor.untyped_storage()
@@ -188,6 +189,18 @@ class _Recorder(TorchDispatchMode):
         name = str(func)
         random = torch.Tag.nondeterministic_seeded in func.tags
         data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT)
+        if data_dependent or self.shaped_by_data.intersection(read):
+            # The output's shape may follow the data too, unless an input whose shape
+            # does not already has that shape (a residual add, an index_add_ target).
+            steady = {
+                tuple(t.shape)
+                for t in arguments
+                if t.untyped_storage().data_ptr() not in self.excluded
+                and self.identify(t) not in self.shaped_by_data
+            }
+            for index, tensor in zip(outputs, _tensors(out), strict=False):
+                if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
+                    self.shaped_by_data.add(index)
         template = None
         if replayable(func) and any(module.children for module in self.stack):
             template, complete = template_of((args, kwargs), self.ref)
@@ -334,6 +347,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
                 running.running_stats = True
         for tensor in tensors:
             index = recorder.identify(tensor)
+            record.data_dependent |= index in recorder.shaped_by_data
             record.input_order.append(index)
             if index is not None:
                 record.inputs.add(index)

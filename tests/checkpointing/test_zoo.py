@@ -170,7 +170,7 @@ def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
             plan.apply(model)
             _assert_exact(case, model, case.model)
             checked += 1
-    assert kinds and checked >= 3 * len(kinds)
+    assert kinds and checked >= len(kinds) + len(holders)
     if family == "resnet":  # batch norm in training: no selective grain is offered
         assert not any(o.decision in (SELECTIVE, MEASURED) for os in table.values() for o in os)
 
