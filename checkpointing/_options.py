@@ -95,6 +95,7 @@ def _options(
         return Option(decision, saved, seconds, kept, **more)
 
     inputs = frozenset(record.inputs)
+    saves = {index for index, _ in record.packs if index is not None}
     options = [option(FULL, record.forward_time, inputs)]
     # Saved-tensor positions and operator occurrences are recorded once; where the data
     # decides shapes or how many calls run (routing), only grains without them remain.
@@ -108,7 +109,9 @@ def _options(
             if unit.action == PACK
         )
         read = frozenset[int]().union(*(unit.inputs for unit in prefix))
-        kept = frozenset(owned - dropped - packed) | read
+        # Every storage it saves and does not drop or pack stays, shared ones included
+        # (a block's output, saved again by the next block, is freed only if both drop it).
+        kept = frozenset(saves - dropped - packed) | read
         base = option(SAVED, sum(unit.seconds for unit in prefix), kept, kind=saved_summary(prefix))
         options.append(
             replace(

@@ -201,6 +201,12 @@ class SavedTensorWrapper(CheckpointWrapper):
         """
         if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self.module(*args, **kwargs)
+        return self._hooked(args, kwargs)
+
+    # Run eagerly as a whole even inside a compiled caller's eager fallback: were the
+    # module's own frames compiled, its saved tensors would not be the planned ones.
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
+    def _hooked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inputs = _tensors((args, kwargs))
         run = _Run(self, inputs)
         state = ForwardState.capture(self._backend_ref.get() or accel.get_backend(), True, inputs)
