@@ -40,9 +40,9 @@ from ._checkpoint import run_checkpoint
 from ._measure import LiveActivationMeter
 from ._non_reentrant import ContextFn
 from ._packed import Packed
-from ._profile import backward, call_model, timed_step, untouched
 from ._replay import Geometry
 from ._selective import kept_calls_context_fn
+from ._steps import backward, call_model, timed_step, untouched
 
 __all__ = [
     "live_bytes",

@@ -18,31 +18,21 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from accel import Accelerator
 
 from ._replay import Geometry, Ref, replayable, template_of
 from ._selective import is_saved_operator, written_tensors
+from ._steps import backward, call_model, tensors_of, timed_step, untouched
 
-__all__ = [
-    "ModuleProfile",
-    "OpCall",
-    "StepProfile",
-    "backward",
-    "call_model",
-    "profile_step",
-    "timed_step",
-    "untouched",
-]
+__all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step"]
 
 
 @dataclass
@@ -120,13 +110,6 @@ _DATA_DEPENDENT = tuple(
 )
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(value)
-    if isinstance(value, dict) and not leaves:  # dict subclasses pytree does not know
-        leaves, _ = tree_flatten(dict(value))
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-
-
 class _Recorder(TorchDispatchMode):
     """Gives every new storage an id, and charges operators to the running modules."""
 
@@ -163,7 +146,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        arguments = _tensors((args, kwargs))
+        arguments = tensors_of((args, kwargs))
         if self.per_operator:
             self.backend.synchronize()
         start = time.perf_counter()
@@ -175,7 +158,7 @@ class _Recorder(TorchDispatchMode):
         inputs = {t.untyped_storage().data_ptr() for t in arguments}
         outputs = tuple(
             None if t.untyped_storage().data_ptr() in inputs else self.identify(t, new=True)
-            for t in _tensors(out)
+            for t in tensors_of(out)
         )
         fresh = [index for index in outputs if index is not None]
         read = [index for t in arguments if (index := self.identify(t)) is not None]
@@ -198,7 +181,7 @@ class _Recorder(TorchDispatchMode):
                 if t.untyped_storage().data_ptr() not in self.excluded
                 and self.identify(t) not in self.shaped_by_data
             }
-            for index, tensor in zip(outputs, _tensors(out), strict=False):
+            for index, tensor in zip(outputs, tensors_of(out), strict=False):
                 if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
                     self.shaped_by_data.add(index)
         template = None
@@ -231,54 +214,6 @@ class _Recorder(TorchDispatchMode):
                 )
                 module.ops.append(call)
         return out
-
-
-@contextmanager
-def untouched(model: nn.Module, backend: Accelerator) -> Iterator[None]:
-    """Put gradients, buffers and generator states back as they were."""
-    grads = {param: param.grad for param in model.parameters()}
-    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
-    try:
-        with backend.fork_rng():
-            for param in grads:
-                param.grad = None
-            yield
-    finally:
-        with torch.no_grad():
-            for buffer, value in buffers:
-                buffer.copy_(value)
-        for param, grad in grads.items():
-            param.grad = grad
-
-
-def backward(output: Any) -> None:
-    outputs = [t for t in _tensors(output) if t.requires_grad]
-    if not outputs:
-        raise ValueError(
-            "checkpointing: no output of the model requires grad for example_inputs, so "
-            "there is no backward to plan for. Pass inputs of a training step, with "
-            "the model's parameters requiring grad and grad mode enabled."
-        )
-    torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-
-
-def call_model(model: nn.Module, example_inputs: Any) -> Any:
-    if isinstance(example_inputs, dict):
-        return model(**example_inputs)
-    return model(*example_inputs)
-
-
-def timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> tuple[float, float]:
-    backend.synchronize()
-    start = time.perf_counter()
-    output = call_model(model, example_inputs)
-    backend.mark_step()
-    backend.synchronize()
-    middle = time.perf_counter()
-    backward(output)
-    backend.mark_step()
-    backend.synchronize()
-    return time.perf_counter() - start, middle - start
 
 
 def _share_timings(modules: dict[str, ModuleProfile]) -> None:
@@ -337,7 +272,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
     def before(module: nn.Module, args: Any, kwargs: Any) -> None:
         record = modules[names[id(module)]]
         record.calls += 1
-        tensors = _tensors((args, kwargs))
+        tensors = tensors_of((args, kwargs))
         # The checkpoint hands recomputation one fresh tensor per argument, so a module
         # that tells apart `f(x, x)` from `f(x, y)` (attention's self-attention path)
         # would run differently; such modules are not candidates.

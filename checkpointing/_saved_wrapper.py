@@ -34,10 +34,10 @@ from accel._compat import current_saved_tensors_hooks
 
 from ._errors import CheckpointError, plan_mismatch
 from ._packed import Packed
-from ._profile import _tensors
 from ._replay import Geometry, Ref, resolve
 from ._saved_grain import DROP, LEAF, PACK, SavedPlan
 from ._state import ForwardState
+from ._steps import tensors_of as _tensors
 from ._wrapper import CheckpointWrapper
 
 __all__ = ["SavedTensorWrapper"]
