@@ -148,7 +148,7 @@ class _MemoryMeter:
     """
 
     def __init__(self, backend: Any, parameters: list[Any]) -> None:
-        from checkpointing._measure import LiveActivationMeter
+        from checkpointing import LiveActivationMeter
 
         self.backend = backend
         self.device_stats = bool(backend.supports_memory_stats)

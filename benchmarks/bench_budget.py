@@ -1,35 +1,42 @@
-"""Checkpointing to a memory budget: activation memory against step time.
+"""Checkpointing to a memory budget on every model family: activation memory against step time.
 
-Two models on the selected backend: the transformer stack of ``bench_checkpoint.py``
-and, when transformers is installed, a GPT-2-shaped model built from transformers'
-``GPT2Config`` (random weights). For each, these variants train on the same data:
+The zoo (``_zoo.py``, benchmark shapes, random weights): a ResNet-style CNN with
+BatchNorm, ViT, GPT-2, Llama, T5 and Mixtral (the last five from transformers'
+configs). For each model, on the selected backend, these variants train on the same data:
 
 * ``plain``: no checkpointing;
-* ``budget 1.0``, ``budget 0.75``, ``budget 0.5``, ``budget 0.25``:
-  ``apply_activation_checkpointing(model, memory_budget=b, example_inputs=...)``;
-* ``full``: ours, every block checkpointed (``check_fn`` on the block class);
-* ``torch per-block``: ``torch.utils.checkpoint.checkpoint`` on every block
-  (non-reentrant);
-* ``torch selective``: the same with torch's selective policy "save matmuls (mm,
-  addmm, bmm, baddbmm), recompute the rest" (torch 2.5 and later).
+* ``budget 0.75``, ``budget 0.5``, ``budget 0.25``: ``plan_checkpointing`` then
+  ``plan.apply`` (planning time is reported separately);
+* ``full``: ours, every repeated block checkpointed (``check_fn`` on the block class);
+* ``torch per-block``: ``torch.utils.checkpoint.checkpoint`` on every block;
+* ``torch selective``: the same with torch's selective policy "save matmuls (mm, addmm,
+  bmm, baddbmm), recompute the rest" (torch 2.5 and later);
+* with ``--compile``: ``compiled``: ``torch.compile(plain)``; ``compiled, torch budget
+  0.5``: the same compiled with ``torch._functorch.config.activation_memory_budget =
+  0.5``; ``compiled, plan 0.5``: ``torch.compile`` of the model after our 0.5 plan.
 
 Measures:
-* activation bytes: the bytes of the tensors the model's forward created that are
-  still alive at its end, its output and parameters excluded (``LiveActivationMeter``:
-  autograd's saved tensors and what a selective policy keeps outside autograd; the
-  planner's own measure); on a backend with
-  memory statistics also the device's peak allocation of a step above what was
-  allocated before it;
+
+* activation bytes (eager variants): the bytes the forward leaves alive
+  (``LiveActivationMeter``: autograd's saved storages, checkpoint inputs, selective
+  caches), less what the plain model's forward leaves alive besides its saved storages
+  (its output), over the plain model's saved storages: what the tests check against
+  the budget. Compiled variants: the storages the autograd graph of one forward saves,
+  found by walking it (``graph_saved_bytes``: saved-tensor hooks do not see inside a
+  compiled graph), over the same walk of the eager plain model;
 * step time: median over ``--steps`` rounds after ``--warmup``; each round runs one
-  step of every variant in a rotating order, and ratios are medians of per-round
-  ratios to ``plain``; the backend is synchronized before each timer read.
+  step of every variant in a rotating order; ratios are medians of per-round ratios to
+  ``plain`` (eager);
+* exactness: loss and every gradient bit-equal to ``plain`` (eager variants, same
+  dropout masks); compiled variants report the largest gradient difference from
+  ``compiled`` (the compiler's own numerics and random streams differ from eager).
 
-Targets (reported, not asserted): at budget 0.5, activation bytes <= 0.5x and step
-time <= 1.15x plain; every budget no slower than the fastest of torch's per-block and
-selective variants that use no more memory.
+Targets (reported, not asserted): at budget 0.5, memory <= 0.5x (+2%), step time <=
+1.20x plain on every model and <= 1.15x on the transformer-shaped ones, and never
+slower than ``full``.
 
-Usage: python benchmarks/bench_budget.py [--backend NAME] [--model stack|gpt2|all]
-       [--warmup N] [--steps N] [--threads N] [--plot FILE.png]
+Usage: python benchmarks/bench_budget.py [--backend NAME] [--model NAME[,NAME...]|all]
+       [--warmup N] [--steps N] [--threads N] [--compile] [--plot FILE.png]
 """
 
 from __future__ import annotations
@@ -44,29 +51,23 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 from _report import print_table, write_results
-from bench_checkpoint import Stack
+from _zoo import FAMILIES, TRANSFORMERS, ZooModel, build
 from torch import nn
 
 import accel
 from accel import Accelerator
 from accel._compat import selective_checkpoint_api
-from checkpointing import apply_activation_checkpointing
-from checkpointing._measure import LiveActivationMeter
+from checkpointing import (
+    LiveActivationMeter,
+    SavedTensorMeter,
+    apply_activation_checkpointing,
+    plan_checkpointing,
+)
 
-BUDGETS = (1.0, 0.75, 0.5, 0.25)
-TARGET_BYTES, TARGET_TIME = 0.5, 1.15
+BUDGETS = (0.75, 0.5, 0.25)
+TARGET_BYTES, TARGET_TIME, TARGET_TRANSFORMER = 0.5, 1.20, 1.15
 TORCH_VARIANTS = ("torch per-block", "torch selective")
-
-
-class StackModel(nn.Module):
-    """``bench_checkpoint``'s stack, called with one tensor."""
-
-    def __init__(self, config: dict[str, int]) -> None:
-        super().__init__()
-        self.stack = Stack(config)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.stack(x, lambda block, hidden: block(hidden))
+COMPILED = ("compiled", "compiled, torch budget 0.5", "compiled, plan 0.5")
 
 
 class TorchCheckpoint(nn.Module):
@@ -98,95 +99,117 @@ def save_matmuls() -> Callable[[], Any] | None:
     return lambda: create(choose)
 
 
-class Case:
-    """A model, its blocks' container, its inputs and its loss."""
-
-    def __init__(self, name: str, backend: Accelerator) -> None:
-        self.name = name
-        device = backend.device()
-        torch.manual_seed(0)
-        generator = torch.Generator().manual_seed(1)
-        if name == "stack":
-            config = dict(d_model=256, heads=4, ffn=1024, layers=4, seq=128, batch=8)
-            config["dropout_percent"] = 10
-            self.model: nn.Module = StackModel(config)
-            self.blocks: nn.ModuleList = self.model.stack.blocks
-            shape = (config["batch"], config["seq"], config["d_model"])
-            self.inputs: tuple[Any, ...] = (torch.randn(*shape, generator=generator).to(device),)
-            self.target = torch.randn(*shape, generator=generator).to(device)
-        else:
-            from transformers import GPT2Config, GPT2LMHeadModel
-
-            gpt = GPT2Config(
-                n_layer=4,
-                n_embd=256,
-                n_head=4,
-                n_positions=128,
-                vocab_size=2048,
-                bos_token_id=0,
-                eos_token_id=0,
-                use_cache=False,
-            )
-            self.model = GPT2LMHeadModel(gpt)
-            self.blocks = self.model.transformer.h
-            ids = torch.randint(gpt.vocab_size, (4, 128), generator=generator).to(device)
-            self.inputs = (ids,)
-            self.target = ids
-        self.model.to(device).train()
-
-    def loss(self, model: nn.Module) -> torch.Tensor:
-        return self.loss_of(model(*self.inputs))
-
-    def loss_of(self, out: Any) -> torch.Tensor:
-        if self.name == "stack":
-            return nn.functional.mse_loss(out, self.target)
-        logits = out.logits
-        return nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), self.target.reshape(-1)
-        )
-
-    def variant(self, name: str, backend: Accelerator) -> tuple[nn.Module, str]:
-        """A fresh copy of the model set up as ``name``, and its plan's table."""
-        model = copy.deepcopy(self.model)
-        blocks = model.get_submodule(self._blocks_name())
-        table = ""
-        if name.startswith("budget"):
-            from checkpointing import plan_checkpointing
-
-            plan = plan_checkpointing(model, self.inputs, float(name.split()[1]), backend=backend)
-            plan.apply(model, backend=backend)
-            table = str(plan)
-        elif name == "full":
-            kind = type(self.blocks[0])
-            apply_activation_checkpointing(
-                model, check_fn=lambda m: isinstance(m, kind), backend=backend
-            )
-        elif name in TORCH_VARIANTS:
-            context_fn = save_matmuls() if name == "torch selective" else None
-            for index, block in enumerate(list(blocks)):
-                blocks[index] = TorchCheckpoint(block, context_fn)
-        return model, table
-
-    def _blocks_name(self) -> str:
-        for name, module in self.model.named_modules():
-            if module is self.blocks:
-                return name
-        raise LookupError("blocks not found")
+def _wrap_blocks(model: nn.Module, case: ZooModel, context_fn: Callable[[], Any] | None) -> None:
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if case.is_block(child):
+                setattr(parent, name, TorchCheckpoint(child, context_fn))
 
 
-def live_bytes(case: Case, model: nn.Module) -> int:
-    """What the model's forward holds for backward: live tensors it created, output aside."""
-    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
-        out = model(*case.inputs)
-    outputs = out if isinstance(out, torch.Tensor) else out.logits
-    held = meter.bytes - outputs.untyped_storage().nbytes()
-    loss = case.loss_of(out)
-    loss.backward()
+def variant(case: ZooModel, name: str, backend: Accelerator) -> tuple[nn.Module, dict[str, Any]]:
+    """A fresh copy of the model set up as ``name``, and facts about it (plan, timings)."""
+    model = copy.deepcopy(case.model)
+    facts: dict[str, Any] = {}
+    budget = name.split()[-1]
+    if name.startswith("budget") or name == "compiled, plan 0.5":
+        started = time.perf_counter()
+        plan = plan_checkpointing(model, case.inputs, float(budget), backend=backend)
+        facts["planning_seconds"] = time.perf_counter() - started
+        plan.apply(model, backend=backend)
+        facts["plan"] = str(plan)
+        facts["estimated_time_ratio"] = plan.estimated_step_time_ratio
+        facts["decisions"] = sorted(set(plan.decisions.values()))
+        facts["considered"] = [
+            {
+                "label": c.label,
+                "estimated_bytes_ratio": c.estimated_bytes / plan.plain_bytes,
+                "estimated_seconds": c.estimated_seconds,
+                "measured_seconds": c.measured_seconds,
+                "fits": c.fits,
+                "taken": c.taken,
+            }
+            for c in plan.considered
+        ]
+    elif name == "full":
+        apply_activation_checkpointing(model, check_fn=case.is_block, backend=backend)
+    elif name in TORCH_VARIANTS:
+        _wrap_blocks(model, case, save_matmuls() if name == "torch selective" else None)
+    if name.startswith("compiled"):
+        budgeted = name == "compiled, torch budget 0.5"
+        compiled = torch.compile(model, backend=inductor_with_budget if budgeted else "inductor")
+        started = time.perf_counter()
+        step(case, compiled, backend)
+        facts["compile_seconds"] = time.perf_counter() - started
+        return compiled, facts
+    return model, facts
+
+
+def inductor_with_budget(graph: Any, example_inputs: Any) -> Any:
+    """Inductor with ``activation_memory_budget = 0.5`` while it partitions the graph.
+
+    A backend of its own, so that dynamo does not reuse another instance's graph
+    compiled without the knob (graphs are shared between instances of a class).
+    """
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch._functorch.config.patch(activation_memory_budget=0.5):
+        return compile_fx(graph, example_inputs)
+
+
+def held(case: ZooModel, model: nn.Module) -> tuple[int, int]:
+    """(live bytes after the forward, bytes of the storages autograd saved)."""
+    exclude = [*model.parameters(), *model.buffers()]
+    with LiveActivationMeter(exclude=exclude) as live, SavedTensorMeter(exclude=exclude) as saved:
+        out = case.call(model)
+    counted = live.bytes, saved.bytes
+    case.loss_of(out).backward()
     model.zero_grad(set_to_none=True)
-    return held
+    return counted
 
 
-def step(case: Case, model: nn.Module, backend: Accelerator) -> float:
+def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
+    """Bytes of the storages the autograd graph of one forward saves, found by walking it.
+
+    Works where saved-tensor hooks do not see inside (a compiled graph saves through its
+    own autograd function): each node's saved tensors, each storage once, parameters and
+    buffers excluded. Only for variants without checkpoint hooks (reading a hooked saved
+    tensor would recompute it).
+    """
+    excluded = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    output = case.call(model)
+    leaves = torch.utils._pytree.tree_leaves(
+        output if isinstance(output, torch.Tensor) else dict(output)
+    )
+    stack = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    storages: dict[int, int] = {}
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        values: list[Any] = list(getattr(node, "saved_tensors", ()) or ())
+        values += [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
+        for value in torch.utils._pytree.tree_leaves(values):
+            if isinstance(value, torch.Tensor):
+                storage = value.untyped_storage()
+                if storage.data_ptr() not in excluded and storage.data_ptr() != 0:
+                    storages[storage.data_ptr()] = storage.nbytes()
+        stack.extend(function for function, _ in node.next_functions)
+    del output
+    return sum(storages.values())
+
+
+def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(7)
+    loss = case.loss(model)
+    loss.backward()
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def step(case: ZooModel, model: nn.Module, backend: Accelerator) -> float:
     backend.synchronize()
     start = time.perf_counter()
     case.loss(model).backward()
@@ -197,93 +220,118 @@ def step(case: Case, model: nn.Module, backend: Accelerator) -> float:
     return elapsed
 
 
-def device_peak(case: Case, model: nn.Module, backend: Accelerator) -> int | None:
-    if not backend.supports_memory_stats:
-        return None
-    backend.synchronize()
-    before = backend.memory_allocated()
-    backend.reset_peak_memory_stats()
-    step(case, model, backend)
-    return backend.max_memory_allocated() - before
-
-
-def run_case(name: str, backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
-    case = Case(name, backend)
+def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
+    case = build(family, "bench")
+    case.model.to(backend.device())
     variants = ["plain", *(f"budget {b}" for b in BUDGETS), "full", "torch per-block"]
     if save_matmuls() is not None:
         variants.append("torch selective")
+    if args.compile:
+        variants.extend(COMPILED)
     models: dict[str, nn.Module] = {}
-    plans: dict[str, str] = {}
-    for variant in variants:
-        models[variant], plans[variant] = case.variant(variant, backend)
-    held = {variant: live_bytes(case, models[variant]) for variant in variants}
-    peaks = {variant: device_peak(case, models[variant], backend) for variant in variants}
+    facts: dict[str, dict[str, Any]] = {}
+    for name in variants:
+        try:
+            models[name], facts[name] = variant(case, name, backend)
+        except Exception as error:  # a compiler that fails on this host: reported, not fatal
+            if not name.startswith("compiled"):
+                raise
+            print(f"{family}: {name} failed: {type(error).__name__}: {error}"[:300])
+    variants = [name for name in variants if name in models]
+    # Walked first, and compiled models never run under the meters: a compiled model
+    # called inside a dispatch mode or saved-tensor hooks falls back to eager for good.
+    walked = {
+        name: graph_saved_bytes(case, models[name])
+        for name in variants
+        if name == "plain" or name.startswith("compiled")
+    }
+    counted = {
+        name: held(case, models[name]) for name in variants if not name.startswith("compiled")
+    }
+    plain_live, plain_saved = counted["plain"]
+    reference = gradients(case, models["plain"])
+    compiled_reference = gradients(case, models["compiled"]) if "compiled" in models else None
     for _ in range(args.warmup):
-        for variant in variants:
-            step(case, models[variant], backend)
-    times: dict[str, list[float]] = {variant: [] for variant in variants}
+        for name in variants:
+            step(case, models[name], backend)
+    times: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(args.steps):
         shift = round_index % len(variants)
-        for variant in variants[shift:] + variants[:shift]:
-            times[variant].append(step(case, models[variant], backend))
-    rows = {}
-    for variant in variants:
-        ratio = statistics.median(
-            a / b for a, b in zip(times[variant], times["plain"], strict=True)
+        for name in variants[shift:] + variants[:shift]:
+            times[name].append(step(case, models[name], backend))
+    rows: dict[str, dict[str, Any]] = {}
+    for name in variants:
+        compiled = name.startswith("compiled")
+        live = 0 if compiled else counted[name][0]
+        activations = (
+            plain_saved * walked[name] // walked["plain"]
+            if compiled
+            else live - plain_live + plain_saved
         )
-        rows[variant] = {
-            "activation_bytes": held[variant],
-            "bytes_ratio": held[variant] / held["plain"],
-            "device_peak_bytes": peaks[variant],
-            "step_seconds": statistics.median(times[variant]),
-            "time_ratio": ratio,
+        loss, grads = gradients(case, models[name])
+        if compiled:
+            assert compiled_reference is not None
+            exact = None
+            pairs = zip(grads, compiled_reference[1], strict=True)
+            difference = max(float((a - b).abs().max()) for a, b in pairs)
+        else:
+            exact = bool(torch.equal(loss, reference[0])) and all(
+                torch.equal(a, b) for a, b in zip(grads, reference[1], strict=True)
+            )
+            difference = None
+        rows[name] = {
+            "activation_bytes": activations,
+            "bytes_ratio": activations / plain_saved,
+            "step_seconds": statistics.median(times[name]),
+            "time_ratio": statistics.median(
+                a / b for a, b in zip(times[name], times["plain"], strict=True)
+            ),
+            "exact": exact,
+            "grad_difference_to_compiled": difference,
+            **{k: v for k, v in facts[name].items() if k != "plan"},
         }
-    for variant, row in rows.items():
-        row["pareto"] = not any(
-            other["bytes_ratio"] <= row["bytes_ratio"] and other["time_ratio"] < row["time_ratio"]
-            for name_, other in rows.items()
-            if name_ != variant
-        )
-        if variant.startswith("budget"):
-            rivals = [
-                rows[t]["time_ratio"]
-                for t in TORCH_VARIANTS
-                if t in rows and rows[t]["bytes_ratio"] <= row["bytes_ratio"]
-            ]
-            row["vs_torch"] = None if not rivals else bool(row["time_ratio"] <= min(rivals))
     half = rows["budget 0.5"]
+    limit = TARGET_TRANSFORMER if family in TRANSFORMERS else TARGET_TIME
     return {
-        "model": name,
+        "model": family,
         "variants": rows,
-        "plans": {k: v for k, v in plans.items() if v},
+        "plans": {k: v["plan"] for k, v in facts.items() if "plan" in v},
+        "time_target": limit,
         "target_at_half": bool(
-            half["bytes_ratio"] <= TARGET_BYTES and half["time_ratio"] <= TARGET_TIME
+            half["bytes_ratio"] <= TARGET_BYTES + 0.02
+            and half["time_ratio"] <= limit
+            and half["time_ratio"] <= rows["full"]["time_ratio"]
         ),
+        "fits": all(
+            rows[f"budget {b}"]["bytes_ratio"] <= b + 0.02 for b in BUDGETS if f"budget {b}" in rows
+        ),
+        "exact": all(row["exact"] for row in rows.values() if row["exact"] is not None),
     }
 
 
 def print_case(result: dict[str, Any]) -> None:
     print(f"\n{result['model']}: activation memory against step time (ratios to plain)")
     rows = []
-    for variant, row in sorted(result["variants"].items(), key=lambda item: item[1]["bytes_ratio"]):
-        vs_torch = row.get("vs_torch")
+    for name, row in result["variants"].items():
+        exact = "-" if row["exact"] is None else ("yes" if row["exact"] else "NO")
+        if row["grad_difference_to_compiled"] is not None:
+            exact = f"diff {row['grad_difference_to_compiled']:.1e}"
         rows.append(
             (
-                variant,
+                name,
                 f"{row['activation_bytes'] / 2**20:.1f} MiB",
                 f"{row['bytes_ratio']:.2f}x",
                 f"{row['step_seconds'] * 1e3:.1f} ms",
                 f"{row['time_ratio']:.2f}x",
-                "yes" if row["pareto"] else "",
-                "-" if vs_torch is None else ("yes" if vs_torch else "NO"),
+                exact,
             )
         )
-    print_table(
-        ("variant", "activations", "memory", "step", "time", "Pareto", "<= torch at <= memory"),
-        rows,
-    )
+    print_table(("variant", "activations", "memory", "step", "time", "exact"), rows)
     verdict = "met" if result["target_at_half"] else "NOT met"
-    print(f"target at budget 0.5 (<= {TARGET_BYTES}x memory, <= {TARGET_TIME}x time): {verdict}")
+    print(
+        f"target at budget 0.5 (<= {TARGET_BYTES}x memory, <= {result['time_target']}x time, "
+        f"<= full): {verdict}; every budget fits: {result['fits']}; exact: {result['exact']}"
+    )
 
 
 def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
@@ -292,8 +340,12 @@ def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 5), squeeze=False)
-    for axis, result in zip(axes[0], results, strict=True):
+    columns = min(3, len(results))
+    lines = -(-len(results) // columns)
+    figure, axes = plt.subplots(lines, columns, figsize=(6 * columns, 4.6 * lines), squeeze=False)
+    for axis in axes.flat[len(results) :]:
+        axis.set_visible(False)
+    for axis, result in zip(axes.flat, results, strict=False):
         rows = result["variants"]
         ours = sorted(
             (r["bytes_ratio"], r["time_ratio"])
@@ -301,39 +353,40 @@ def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
             if v.startswith("budget") or v in ("plain", "full")
         )
         axis.plot(*zip(*ours, strict=True), color="C0", alpha=0.4)
-        for variant, row in rows.items():
-            colour = "C1" if variant.startswith("torch") else "C0"
-            marker = "s" if variant.startswith("torch") else "o"
+        for name, row in rows.items():
+            colour = "C1" if name.startswith("torch") else "C2" if name.startswith("comp") else "C0"
+            marker = "s" if name.startswith("torch") else "^" if name.startswith("comp") else "o"
             axis.scatter(row["bytes_ratio"], row["time_ratio"], color=colour, marker=marker)
             axis.annotate(
-                variant,
+                name,
                 (row["bytes_ratio"], row["time_ratio"]),
                 textcoords="offset points",
                 xytext=(5, 4),
-                fontsize=8,
+                fontsize=7,
             )
         axis.axvline(TARGET_BYTES, color="grey", linestyle=":", linewidth=1)
-        axis.axhline(TARGET_TIME, color="grey", linestyle=":", linewidth=1)
+        axis.axhline(result["time_target"], color="grey", linestyle=":", linewidth=1)
         axis.set(
-            title=f"{result['model']} (blue: accel, orange: torch)",
+            title=f"{result['model']} (blue: accel, orange: torch, green: compiled)",
             xlabel="activation memory / plain",
             ylabel="step time / plain",
         )
         axis.grid(alpha=0.3)
     figure.suptitle(f"Checkpointing to a memory budget on {backend} (lower left is better)")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=100)
     plt.close(figure)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=None, help="backend name (default: auto)")
-    parser.add_argument("--model", choices=("stack", "gpt2", "all"), default="all")
+    parser.add_argument("--model", default="all", help=f"all, or some of {','.join(FAMILIES)}")
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds")
     parser.add_argument("--steps", type=int, default=5, help="timed rounds")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
-    parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the Pareto plot")
+    parser.add_argument("--compile", action="store_true", help="add the torch.compile rows")
+    parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the plot")
     return parser.parse_args()
 
 
@@ -342,13 +395,12 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     backend = accel.get_backend(args.backend)
-    names = ["stack", "gpt2"] if args.model == "all" else [args.model]
-    if "gpt2" in names:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            print("transformers is not installed: the GPT-2-shaped model is skipped")
-            names.remove("gpt2")
+    names = list(FAMILIES) if args.model == "all" else args.model.split(",")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("transformers is not installed: only the ResNet-style model runs")
+        names = [name for name in names if name not in TRANSFORMERS]
     started = time.perf_counter()
     results = []
     for name in names:
@@ -358,9 +410,15 @@ def main() -> None:
         results.append(result)
     seconds = time.perf_counter() - started
     path = write_results(
-        "budget",
+        "budget-compile" if args.compile else "budget",
         backend.name,
-        {"warmup": args.warmup, "steps": args.steps, "seconds": seconds, "models": results},
+        {
+            "warmup": args.warmup,
+            "steps": args.steps,
+            "threads": torch.get_num_threads(),
+            "seconds": seconds,
+            "models": results,
+        },
     )
     print(f"\n{seconds:.0f} s; wrote {path}")
     if args.plot:

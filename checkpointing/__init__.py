@@ -29,21 +29,24 @@ Public names:
   ``torch.utils.checkpoint.CheckpointError``, re-exported);
 * :func:`set_checkpoint_debug_enabled` and :func:`set_checkpoint_early_stop`: torch's
   global switches, re-exported; they apply to the non-reentrant variant here too;
-* :class:`SavedTensorMeter`: the bytes autograd keeps for backward, on any device.
+* :class:`SavedTensorMeter`: the bytes autograd keeps for backward, on any device;
+  :class:`LiveActivationMeter`: the bytes a forward created that are still alive
+  (what autograd saves and what a selective checkpoint keeps outside autograd).
 """
 
 from __future__ import annotations
 
 import torch.utils.checkpoint
 
+from ._apply import apply_activation_checkpointing
 from ._budget import plan_checkpointing
 from ._checkpoint import checkpoint
 from ._errors import CheckpointError
-from ._measure import SavedTensorMeter
+from ._measure import LiveActivationMeter, SavedTensorMeter
 from ._plan import CheckpointPlan
 from ._sequential import checkpoint_sequential
 from ._state import is_recomputing
-from ._wrapper import CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper
+from ._wrapper import CheckpointWrapper, checkpoint_wrapper
 
 # torch's own global switches: the non-reentrant variant runs torch's checkpoint.
 set_checkpoint_debug_enabled = torch.utils.checkpoint.set_checkpoint_debug_enabled
@@ -53,6 +56,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointPlan",
     "CheckpointWrapper",
+    "LiveActivationMeter",
     "SavedTensorMeter",
     "apply_activation_checkpointing",
     "checkpoint",

@@ -9,7 +9,7 @@ matmul and attention outputs, recompute pointwise activations, dropout and
 normalisation); and its operator calls by measured cost (keep the calls that save the
 most recompute time per byte, :mod:`._kept_ops`; this is what keeps a host's dropout
 masks, whose random draws cost more than the matmuls around them). Each choice saves some activation
-bytes and costs some recompute time; :class:`_Knapsack` picks the set that saves
+bytes and costs some recompute time; :class:`Knapsack` picks the set that saves
 enough for the budget in the least time.
 """
 
@@ -19,117 +19,39 @@ import functools
 import math
 from typing import Any
 
-import torch
 from torch import nn
 
 import accel
 from accel import Accelerator
 
 from ._args import resolve_backend, validate_budget
+from ._caches import refuse_cache_inputs, switch_off_kv_cache
+from ._candidates import (
+    EVERY_BLOCK,
+    Candidate,
+    candidate,
+    estimate,
+    fastest_fitting,
+    uniform_candidates,
+)
+from ._decisions import KEEP, MEASURED, SAVED
+from ._knapsack import Knapsack
 from ._options import Option, candidates, priced, storage_bytes
-from ._overhead import measured_step_ratio, pack_seconds, selective_overhead
-from ._plan import KEEP, MEASURED, SAVED, CheckpointPlan, PlanRow
+from ._overhead import (
+    live_bytes,
+    measured_step_ratio,
+    measured_steps,
+    pack_seconds,
+    selective_overhead,
+)
+from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._profile import StepProfile, profile_step
 from ._saved_grain import saved_plan
 from ._selective import unavailable_reason
 
 __all__ = ["plan_checkpointing"]
 
-_BUCKETS = 1000
-
-
-def _estimate(profile: StepProfile, chosen: dict[str, Option]) -> int:
-    """Activation bytes with ``chosen`` applied: union of what stays saved and kept."""
-    kept: set[int] = set()
-    for index, stacks in profile.saved_by.items():
-        if not all(chosen.keys() & set(stack) for stack in stacks):
-            kept.add(index)
-    for option in chosen.values():
-        kept |= option.kept
-    return storage_bytes(profile, kept) + sum(option.extra_bytes for option in chosen.values())
-
-
-class _Knapsack:
-    """Tree-shaped multiple-choice knapsack over the module tree.
-
-    Minimises the total recompute time subject to the total saved bytes reaching
-    ``need``, choosing at most one grain per module and never a module inside a
-    chosen one. Savings are rounded down to ``_BUCKETS`` units of ``need`` (so the
-    choice never saves less than estimated), and each module keeps a table
-    ``best[s]``: the least time for its subtree to save at least ``s`` units. Children
-    are merged by min-plus convolution, so the cost is O(M * B^2) time and O(M * B)
-    memory for M modules and B = ``_BUCKETS`` (B^2 = 10^6 tensor operations per module
-    with submodules).
-    """
-
-    def __init__(self, profile: StepProfile, need: int, options: dict[str, list[Option]]) -> None:
-        self.profile = profile
-        self.unit = max(need / _BUCKETS, 1.0)
-        self.size = math.ceil(need / self.unit)
-        self.options = options
-        targets = torch.arange(self.size + 1)
-        # rest[s, a]: what the next child must save when the others save a, for s in all.
-        self.rest = (targets.unsqueeze(1) - targets.unsqueeze(0)).clamp(min=0)
-        self.choice: dict[str, torch.Tensor] = {}
-        self.splits: dict[str, list[torch.Tensor]] = {}
-
-    def _solve(self, name: str) -> torch.Tensor:
-        size = self.size
-        best = torch.full((size + 1,), math.inf, dtype=torch.float64)
-        best[0] = 0.0
-        splits = []
-        for child in self.profile.modules[name].children:
-            table = self._solve(child)
-            if math.isinf(float(table[1])):  # the child saves nothing: skip the merge
-                splits.append(torch.full((size + 1,), -1, dtype=torch.long))
-                continue
-            merged, split = (best.unsqueeze(0) + table[self.rest]).min(dim=1)
-            best = merged
-            splits.append(split)
-        self.splits[name] = splits
-        choice = torch.full((size + 1,), -1, dtype=torch.long)
-        for number, option in enumerate(self.options.get(name, [])):
-            units = min(math.floor(option.saved_bytes / self.unit), size)
-            if units <= 0:
-                continue
-            better = best[: units + 1] > option.seconds
-            best[: units + 1] = torch.where(better, option.seconds, best[: units + 1])
-            choice[: units + 1] = torch.where(better, number, choice[: units + 1])
-        self.choice[name] = choice
-        return best
-
-    def _collect(self, name: str, units: int, chosen: dict[str, Option]) -> None:
-        number = int(self.choice[name][units])
-        if number >= 0:
-            chosen[name] = self.options[name][number]
-            return
-        children = self.profile.modules[name].children
-        for child, split in reversed(list(zip(children, self.splits[name], strict=True))):
-            if int(split[units]) < 0:
-                continue
-            share = int(split[units])
-            self._collect(child, max(units - share, 0), chosen)
-            units = share
-
-    def solve(self) -> dict[str, Option] | None:
-        """The chosen option per module, or ``None`` if no choice saves enough."""
-        table = self._solve("")
-        if math.isinf(float(table[self.size])):
-            return None
-        chosen: dict[str, Option] = {}
-        self._collect("", self.size, chosen)
-        return chosen
-
-    def most_saving(self, name: str = "") -> dict[str, Option]:
-        """The choice that saves the most bytes (ignoring time)."""
-        below: dict[str, Option] = {}
-        for child in self.profile.modules[name].children:
-            below.update(self.most_saving(child))
-        total = sum(option.saved_bytes for option in below.values())
-        options = sorted(self.options.get(name, []), key=lambda o: (-o.saved_bytes, o.seconds))
-        if options and options[0].saved_bytes > total:
-            return {name: options[0]}
-        return below
+_SWITCH = 0.95  # every block whole replaces the estimate's choice if this much faster
 
 
 def _order(profile: StepProfile, chosen: dict[str, Option]) -> dict[str, Option]:
@@ -137,7 +59,7 @@ def _order(profile: StepProfile, chosen: dict[str, Option]) -> dict[str, Option]
     return {name: chosen[name] for name in sorted(chosen, key=order.index)}
 
 
-def _frontier(profile: StepProfile, knapsack: _Knapsack, name: str) -> list[str]:
+def _frontier(profile: StepProfile, knapsack: Knapsack, name: str) -> list[str]:
     """The candidates below ``name`` reached through non-candidates only."""
     found = []
     for child in profile.modules[name].children:
@@ -149,7 +71,7 @@ def _frontier(profile: StepProfile, knapsack: _Knapsack, name: str) -> list[str]
 
 
 def _rows(
-    profile: StepProfile, knapsack: _Knapsack, chosen: dict[str, Option], name: str = ""
+    profile: StepProfile, knapsack: Knapsack, chosen: dict[str, Option], name: str = ""
 ) -> list[PlanRow]:
     """One row per chosen module, and per kept module at the level of repeated blocks."""
     if name in chosen:
@@ -182,6 +104,7 @@ def plan_checkpointing(
     Runs one warm-up step, one recorded forward and two timed steps of
     ``model(*example_inputs)`` (see :mod:`checkpointing._profile`); the model's
     parameters, gradients, buffers and generator states are left as they were.
+    A transformers KV cache (``config.use_cache``) is switched off, with a warning.
 
     Example::
 
@@ -211,11 +134,15 @@ def plan_checkpointing(
         TypeError: If ``memory_budget`` is not a float or an int.
         ValueError: If ``memory_budget`` is out of range or below what checkpointing
             every candidate module reaches (the message gives the smallest reachable
-            fraction), or no model output requires grad.
+            fraction), no model output requires grad, or ``example_inputs`` pass
+            ``use_cache=True`` or a key-value cache (a transformers ``config.use_cache``
+            that is ``True`` is instead set to ``False``, with a warning).
     """
     validate_budget(memory_budget)
     if not isinstance(example_inputs, tuple | list | dict):
         example_inputs = (example_inputs,)
+    refuse_cache_inputs(example_inputs)
+    switch_off_kv_cache(model)
     resolved = resolve_backend(backend)
     backend = accel.get_backend() if resolved is None else resolved
     note = ""
@@ -235,7 +162,8 @@ def plan_checkpointing(
         functools.cache(lambda geometry: pack_seconds(geometry, device, backend)),
     )
     overhead = selective_overhead(backend) if selective else (0.0, 0.0)
-    knapsack, chosen = _choose(profile, budget, priced(unpriced, overhead), memory_budget)
+    options = priced(unpriced, overhead)
+    knapsack, chosen = _choose(profile, budget, options, memory_budget)
     timed = any(option.policy_calls for option in chosen.values())
     if timed:
         draft = _plan(profile, knapsack, chosen, budget, "")
@@ -252,7 +180,66 @@ def plan_checkpointing(
             f"operator call, {overhead[1] * 1e6:.1f} us more per kept call"
             + (" (a first plan timed in place)." if timed else ".")
         )
-    return _plan(profile, knapsack, chosen, budget, note)
+    pool, best, target = _checked(model, example_inputs, backend, profile, budget, options, chosen)
+    knapsack = Knapsack(profile, 0, options)
+    return _plan(profile, knapsack, best.chosen, budget, note, pool, best, target)
+
+
+def _checked(
+    model: nn.Module,
+    example_inputs: Any,
+    backend: Accelerator,
+    profile: StepProfile,
+    budget: int,
+    options: dict[str, list[Option]],
+    chosen: dict[str, Option],
+) -> tuple[list[Candidate], Candidate, int]:
+    """The considered plans, the one to take and the bytes they had to fit, checked in place.
+
+    See :mod:`._candidates`.
+
+    The fastest candidate that fits by estimate is applied and its activation bytes
+    measured (:func:`._overhead.live_bytes`, above the plain model's); if they exceed
+    the budget, the overshoot is taken off the target and the choice made again (up
+    to three times). Then, where checkpointing every repeated block whole also fits,
+    both are timed in place, interleaved, and every block whole is taken if its step is
+    at least 5% faster.
+    """
+    target = budget
+    plain_live = live_bytes(model, example_inputs, backend, None)
+
+    def held(choice: Candidate) -> int:
+        draft = _plan(profile, Knapsack(profile, 0, options), choice.chosen, budget, "")
+        measured = live_bytes(model, example_inputs, backend, draft.apply)
+        return measured - plain_live + profile.plain_bytes
+
+    for _ in range(3):
+        pool = [candidate(profile, "knapsack", chosen), *uniform_candidates(profile, options)]
+        best = fastest_fitting(pool, target) or pool[0]
+        over = held(best) - budget
+        if over <= 0 or not best.chosen:
+            break
+        target -= over
+        try:
+            chosen = _choose(profile, target, options, target)[1]
+        except ValueError:
+            best.notes.append(f"measured {over} bytes over the budget")
+            break
+    full = next((c for c in pool if c.label == EVERY_BLOCK), None)
+    if full is None or full is best or not full.fits(target):
+        return pool, best, target
+    applies = [
+        _plan(profile, Knapsack(profile, 0, options), c.chosen, budget, "").apply
+        for c in (best, full)
+    ]
+    seconds = measured_steps(model, example_inputs, backend, [*applies, None])
+    best.measured_seconds = max(seconds[0] - seconds[2], 0.0)
+    full.measured_seconds = max(seconds[1] - seconds[2], 0.0)
+    # A margin, so that timing noise on a busy host does not trade a plan estimated much
+    # faster for whole blocks; where the estimate is wrong (convolutions) the gap is wide.
+    if seconds[1] < _SWITCH * seconds[0] and held(full) <= budget:
+        return pool, full, target
+    return pool, best, target
 
 
 def _choose(
@@ -260,26 +247,26 @@ def _choose(
     budget: int,
     options: dict[str, list[Option]],
     memory_budget: float | int,
-) -> tuple[_Knapsack, dict[str, Option]]:
+) -> tuple[Knapsack, dict[str, Option]]:
     """The knapsack and its choice for ``budget`` bytes (raises if out of reach)."""
     plain = profile.plain_bytes
     chosen: dict[str, Option] | None = {}
-    knapsack = _Knapsack(profile, 0, options)
+    knapsack = Knapsack(profile, 0, options)
     need = plain - budget
     for _ in range(4):
         if need <= 0:
             break
-        knapsack = _Knapsack(profile, need, options)
+        knapsack = Knapsack(profile, need, options)
         chosen = knapsack.solve()
         if chosen is None:
             break
-        overshoot = _estimate(profile, chosen) - budget
+        overshoot = estimate(profile, chosen) - budget
         if overshoot <= 0:
             break
         need += overshoot
-    if chosen is None or _estimate(profile, chosen) > budget:
+    if chosen is None or estimate(profile, chosen) > budget:
         fallback = knapsack.most_saving()
-        smallest = _estimate(profile, fallback)
+        smallest = estimate(profile, fallback)
         if smallest > budget:
             least = math.ceil(smallest / plain * 1000) / 1000
             raise ValueError(
@@ -294,17 +281,34 @@ def _choose(
 
 def _plan(
     profile: StepProfile,
-    knapsack: _Knapsack,
+    knapsack: Knapsack,
     chosen: dict[str, Option],
     budget: int,
     note: str,
+    pool: list[Candidate] = (),  # type: ignore[assignment]
+    taken: Candidate | None = None,
+    target: int | None = None,
 ) -> CheckpointPlan:
     recompute = sum(option.seconds for option in chosen.values())
+    considered = tuple(
+        ConsideredPlan(
+            c.label,
+            c.estimated_bytes,
+            c.estimated_seconds,
+            c.measured_seconds,
+            c.estimated_bytes <= (budget if target is None else target),
+            c is taken,
+        )
+        for c in pool
+    )
+    if taken is not None and taken.notes:
+        note = f"{note} {'; '.join(taken.notes)}.".strip()
     return CheckpointPlan(
+        considered=considered,
         decisions={name: option.decision for name, option in chosen.items()},
         rows=tuple(_rows(profile, knapsack, chosen)),
         plain_bytes=profile.plain_bytes,
-        estimated_bytes=_estimate(profile, chosen),
+        estimated_bytes=estimate(profile, chosen),
         estimated_step_time_ratio=(profile.step_time + recompute) / profile.step_time,
         budget_bytes=budget,
         step_seconds=profile.step_time,

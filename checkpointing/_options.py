@@ -7,6 +7,12 @@ its inputs); a selective checkpoint by operator class (keep matmul and attention
 :mod:`._selective`); and one selective checkpoint per prefix of the measured units
 (:mod:`._kept_ops`). Each option's bytes saved are exclusive to the module; its time is
 the recomputation's, to which :func:`priced` adds the selective policy's overhead.
+Modules that contain batch norm in training (running statistics) get no selective
+option: the recomputation gives such modules fresh buffers, a call the selective
+policy never saw in the forward. Modules that call an operator whose output shape or
+value the data decides (``nonzero``, ``masked_select``, ``item``: mixture-of-experts
+routing) get neither a saved-tensor nor a measured option, whose recorded positions
+and occurrences would not hold in another step.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ from typing import Any
 
 from accel._compat import selective_cache_allows_mutation
 
+from ._decisions import FULL, MEASURED, SAVED, SELECTIVE
 from ._kept_ops import Unit, find_units, keep_options
-from ._plan import FULL, MEASURED, SAVED, SELECTIVE
 from ._profile import StepProfile
 from ._replay import Geometry, counted
 from ._saved_grain import DROP, PACK, SavedUnit, saved_summary, saved_units
@@ -89,8 +95,12 @@ def _options(
         return Option(decision, saved, seconds, kept, **more)
 
     inputs = frozenset(record.inputs)
+    saves = {index for index, _ in record.packs if index is not None}
     options = [option(FULL, record.forward_time, inputs)]
-    for prefix in saved_units(profile, name, price):
+    # Saved-tensor positions and operator occurrences are recorded once; where the data
+    # decides shapes or how many calls run (routing), only grains without them remain.
+    stable = not record.data_dependent
+    for prefix in saved_units(profile, name, price) if stable else []:
         dropped = {i for unit in prefix if unit.action == DROP for i in unit.storages}
         packed = {i for unit in prefix if unit.action == PACK for i in unit.storages}
         packed_bytes = sum(
@@ -99,7 +109,9 @@ def _options(
             if unit.action == PACK
         )
         read = frozenset[int]().union(*(unit.inputs for unit in prefix))
-        kept = frozenset(owned - dropped - packed) | read
+        # Every storage it saves and does not drop or pack stays, shared ones included
+        # (a block's output, saved again by the next block, is freed only if both drop it).
+        kept = frozenset(saves - dropped - packed) | read
         base = option(SAVED, sum(unit.seconds for unit in prefix), kept, kind=saved_summary(prefix))
         options.append(
             replace(
@@ -109,7 +121,11 @@ def _options(
                 saved_units=tuple(prefix),
             )
         )
-    if not selective:
+    if not selective or record.running_stats:
+        # The running-statistics guard gives batch norm fresh buffers in the
+        # recomputation (a clone a selective policy never saw in the forward), so
+        # torch's selective checkpoint fails in backward: only whole-module and
+        # saved-tensor grains are offered around such modules.
         return options
     calls = len(record.ops)
     options.append(
@@ -122,7 +138,7 @@ def _options(
             kept_count=len(record.cached),
         )
     )
-    measured = find_units(record.ops, selective_cache_allows_mutation())
+    measured = find_units(record.ops, selective_cache_allows_mutation()) if stable else []
     for numbers in keep_options(measured, profile.storage_bytes, record.inputs):
         chosen = [measured[number] for number in numbers]
         kept_calls = tuple(sorted(call for unit in chosen for call in unit.calls))

@@ -26,7 +26,8 @@ regions' operator calls and plans once more.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -36,13 +37,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from accel import Accelerator
 
 from ._checkpoint import run_checkpoint
+from ._measure import LiveActivationMeter
 from ._non_reentrant import ContextFn
 from ._packed import Packed
-from ._profile import timed_step, untouched
 from ._replay import Geometry
 from ._selective import kept_calls_context_fn
+from ._steps import backward, call_model, timed_step, untouched
 
-__all__ = ["measured_step_ratio", "pack_seconds", "selective_overhead"]
+__all__ = [
+    "live_bytes",
+    "measured_step_ratio",
+    "measured_steps",
+    "pack_seconds",
+    "selective_overhead",
+]
 
 _LAYERS = 6
 _ROUNDS = 5
@@ -142,11 +150,43 @@ def pack_seconds(geometry: Geometry, device: torch.device, backend: Accelerator)
     return _best_time(round_trip, backend)
 
 
-def _fastest_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> float:
-    fastest = float("inf")
-    for _ in range(3):
-        fastest = min(fastest, timed_step(model, example_inputs, backend)[0])
-        model.zero_grad(set_to_none=True)
+@contextmanager
+def _applied(model: nn.Module, apply: Callable[[nn.Module], list[str]] | None) -> Iterator[None]:
+    """``model`` with a plan applied in place (``None``: plain), the wrappers removed after."""
+    wrapped = [] if apply is None else apply(model)
+    try:
+        yield
+    finally:
+        for name in wrapped:
+            parent_name, _, leaf = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, leaf, getattr(parent, leaf).module)
+
+
+def measured_steps(
+    model: nn.Module,
+    example_inputs: Any,
+    backend: Accelerator,
+    applies: list[Callable[[nn.Module], list[str]] | None],
+    rounds: int = 3,
+) -> list[float]:
+    """The fastest step of ``model`` under each plan (``None``: plain), rounds interleaved.
+
+    Each round applies every plan in place in turn (rotating the order), times one
+    step and removes the wrappers again; the first round only warms up. Parameters,
+    gradients, buffers and generator states are as they were afterwards.
+    """
+    fastest = [float("inf")] * len(applies)
+    with untouched(model, backend):
+        for round_index in range(rounds + 1):
+            order = list(range(len(applies)))
+            shift = round_index % len(order)
+            for number in order[shift:] + order[:shift]:
+                with _applied(model, applies[number]):
+                    seconds = timed_step(model, example_inputs, backend)[0]
+                    model.zero_grad(set_to_none=True)
+                if round_index > 0:
+                    fastest[number] = min(fastest[number], seconds)
     return fastest
 
 
@@ -158,23 +198,35 @@ def measured_step_ratio(
 ) -> float:
     """Time ``model`` with a plan applied in place against the plain model, then undo it.
 
-    A warm-up step, then the fastest of three steps of each. The wrapped modules are
-    put back, and the parameters, gradients, buffers and generator states are as they
-    were.
+    A warm-up round, then the fastest of three interleaved steps of each. The wrapped
+    modules are put back, and the parameters, gradients, buffers and generator states
+    are as they were.
 
     Returns:
         The planned step's time over the plain step's.
     """
-    with untouched(model, backend):
-        wrapped = apply(model)
-        try:
-            timed_step(model, example_inputs, backend)  # first calls build caches
-            model.zero_grad(set_to_none=True)
-            planned = _fastest_step(model, example_inputs, backend)
-        finally:
-            for name in wrapped:
-                parent_name, _, leaf = name.rpartition(".")
-                parent = model.get_submodule(parent_name)
-                setattr(parent, leaf, getattr(parent, leaf).module)
-        plain = _fastest_step(model, example_inputs, backend)
+    planned, plain = measured_steps(model, example_inputs, backend, [apply, None])
     return planned / plain
+
+
+def live_bytes(
+    model: nn.Module,
+    example_inputs: Any,
+    backend: Accelerator,
+    apply: Callable[[nn.Module], list[str]] | None,
+) -> int:
+    """Bytes a forward of ``model`` (a plan applied in place) leaves alive for backward.
+
+    :class:`._measure.LiveActivationMeter`: autograd's saved storages, the inputs a
+    checkpoint keeps and the outputs a selective policy caches, and the output itself
+    (the same in every plan, so differences between plans are activation bytes).
+    """
+    exclude = [*model.parameters(), *model.buffers()]
+    with untouched(model, backend), _applied(model, apply):
+        with LiveActivationMeter(exclude=exclude) as meter:
+            output = call_model(model, example_inputs)
+        held = meter.bytes
+        backward(output)
+        del output
+        model.zero_grad(set_to_none=True)
+    return held

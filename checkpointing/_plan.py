@@ -6,11 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from accel import Accelerator
 
+from ._caches import refuse_cache_arguments, switch_off_kv_cache
 from ._checkpoint import run_checkpoint
+from ._decisions import FULL, KEEP, MEASURED, SAVED, SELECTIVE
 from ._saved_grain import SavedPlan
 from ._saved_wrapper import SavedTensorWrapper
 from ._selective import kept_calls_context_fn, selective_context_fn
@@ -23,15 +26,10 @@ __all__ = [
     "SAVED",
     "SELECTIVE",
     "CheckpointPlan",
+    "ConsideredPlan",
     "PlanRow",
     "SelectiveCheckpointWrapper",
 ]
-
-KEEP = "keep"
-FULL = "checkpoint"
-SELECTIVE = "recompute cheap ops"
-MEASURED = "keep costly ops"
-SAVED = "recompute saved"
 
 
 class SelectiveCheckpointWrapper(CheckpointWrapper):
@@ -62,6 +60,8 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward as a selective checkpoint."""
+        if torch.is_grad_enabled():
+            refuse_cache_arguments(self.module, args, kwargs)
         return run_checkpoint(
             self.module,
             args,
@@ -87,6 +87,18 @@ class PlanRow:
     decision: str
     kept_bytes: int
     recompute_seconds: float
+
+
+@dataclass(frozen=True)
+class ConsideredPlan:
+    """A whole-model plan the planner weighed (see :attr:`CheckpointPlan.considered`)."""
+
+    label: str
+    estimated_bytes: int
+    estimated_seconds: float  # recompute time, estimated
+    measured_seconds: float | None  # recompute time measured in place, if timed
+    fits: bool  # estimated bytes within the budget (less any overshoot measured in place)
+    taken: bool
 
 
 def _mib(count: int) -> str:
@@ -136,6 +148,7 @@ class CheckpointPlan:
     note: str = ""
     kept_calls: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     saved_plans: dict[str, SavedPlan] = field(default_factory=dict)
+    considered: tuple[ConsideredPlan, ...] = ()
 
     def apply(
         self,
@@ -147,6 +160,8 @@ class CheckpointPlan:
         """Wrap, in place, the modules of ``model`` the plan checkpoints.
 
         ``model`` is the planned model or one built the same way (same module names).
+        A transformers ``config.use_cache`` that is ``True`` is set to ``False``, with a
+        warning (recomputation would append to the KV cache twice).
 
         Returns:
             The qualified names of the wrapped modules.
@@ -185,6 +200,7 @@ class CheckpointPlan:
                     "give saved_plans an entry for every 'recompute saved' module."
                 )
             targets.append((name, parent, leaf, child))
+        switch_off_kv_cache(model)
         for name, parent, leaf, child in targets:
             if self.decisions[name] == SAVED:
                 wrapper: nn.Module = SavedTensorWrapper(

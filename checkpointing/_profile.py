@@ -18,22 +18,21 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from accel import Accelerator
 
 from ._replay import Geometry, Ref, replayable, template_of
 from ._selective import is_saved_operator, written_tensors
+from ._steps import backward, call_model, tensors_of, timed_step, untouched
 
-__all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step", "timed_step", "untouched"]
+__all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step"]
 
 
 @dataclass
@@ -66,6 +65,8 @@ class ModuleProfile:
     kind: str = ""
     calls: int = 0
     repeated_input: bool = False
+    running_stats: bool = False  # it or a module inside updates running statistics
+    data_dependent: bool = False  # an operator inside has a data-dependent output shape
     children: list[str] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)
     cached: set[int] = field(default_factory=set)
@@ -96,11 +97,17 @@ class StepProfile:
         return sum(self.storage_bytes[index] for index in self.saved_by)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    leaves, _ = tree_flatten(value)
-    if isinstance(value, dict) and not leaves:  # dict subclasses pytree does not know
-        leaves, _ = tree_flatten(dict(value))
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+# Operators whose output shape or value the data decides (nonzero, masked_select, item):
+# with them a module's operator calls and saved tensors can differ from step to step
+# (mixture-of-experts routing), so positions and occurrences recorded once do not hold.
+_DATA_DEPENDENT = tuple(
+    tag
+    for tag in (
+        getattr(torch.Tag, "dynamic_output_shape", None),
+        getattr(torch.Tag, "data_dependent_output", None),
+    )
+    if tag is not None
+)
 
 
 class _Recorder(TorchDispatchMode):
@@ -117,6 +124,7 @@ class _Recorder(TorchDispatchMode):
         self.occurrences: Counter[tuple[str, str]] = Counter()  # (module, operator) calls
         self.operator_time = 0.0
         self.per_operator = backend.is_asynchronous and not backend.is_lazy
+        self.shaped_by_data: set[int] = set()  # storages created downstream of routing
 
     def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
         storage = tensor.untyped_storage()
@@ -138,7 +146,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        arguments = _tensors((args, kwargs))
+        arguments = tensors_of((args, kwargs))
         if self.per_operator:
             self.backend.synchronize()
         start = time.perf_counter()
@@ -150,7 +158,7 @@ class _Recorder(TorchDispatchMode):
         inputs = {t.untyped_storage().data_ptr() for t in arguments}
         outputs = tuple(
             None if t.untyped_storage().data_ptr() in inputs else self.identify(t, new=True)
-            for t in _tensors(out)
+            for t in tensors_of(out)
         )
         fresh = [index for index in outputs if index is not None]
         read = [index for t in arguments if (index := self.identify(t)) is not None]
@@ -163,11 +171,25 @@ class _Recorder(TorchDispatchMode):
         kept = is_saved_operator(func)
         name = str(func)
         random = torch.Tag.nondeterministic_seeded in func.tags
+        data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT)
+        if data_dependent or self.shaped_by_data.intersection(read):
+            # The output's shape may follow the data too, unless an input whose shape
+            # does not already has that shape (a residual add, an index_add_ target).
+            steady = {
+                tuple(t.shape)
+                for t in arguments
+                if t.untyped_storage().data_ptr() not in self.excluded
+                and self.identify(t) not in self.shaped_by_data
+            }
+            for index, tensor in zip(outputs, tensors_of(out), strict=False):
+                if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
+                    self.shaped_by_data.add(index)
         template = None
         if replayable(func) and any(module.children for module in self.stack):
             template, complete = template_of((args, kwargs), self.ref)
             template = template if complete else None
         for module in self.stack:
+            module.data_dependent |= data_dependent
             module.forward_time += elapsed
             module.written_bytes += written
             if kept:
@@ -192,54 +214,6 @@ class _Recorder(TorchDispatchMode):
                 )
                 module.ops.append(call)
         return out
-
-
-@contextmanager
-def untouched(model: nn.Module, backend: Accelerator) -> Iterator[None]:
-    """Put gradients, buffers and generator states back as they were."""
-    grads = {param: param.grad for param in model.parameters()}
-    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
-    try:
-        with backend.fork_rng():
-            for param in grads:
-                param.grad = None
-            yield
-    finally:
-        with torch.no_grad():
-            for buffer, value in buffers:
-                buffer.copy_(value)
-        for param, grad in grads.items():
-            param.grad = grad
-
-
-def _backward(output: Any) -> None:
-    outputs = [t for t in _tensors(output) if t.requires_grad]
-    if not outputs:
-        raise ValueError(
-            "checkpointing: no output of the model requires grad for example_inputs, so "
-            "there is no backward to plan for. Pass inputs of a training step, with "
-            "the model's parameters requiring grad and grad mode enabled."
-        )
-    torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-
-
-def _call(model: nn.Module, example_inputs: Any) -> Any:
-    if isinstance(example_inputs, dict):
-        return model(**example_inputs)
-    return model(*example_inputs)
-
-
-def timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> tuple[float, float]:
-    backend.synchronize()
-    start = time.perf_counter()
-    output = _call(model, example_inputs)
-    backend.mark_step()
-    backend.synchronize()
-    middle = time.perf_counter()
-    _backward(output)
-    backend.mark_step()
-    backend.synchronize()
-    return time.perf_counter() - start, middle - start
 
 
 def _share_timings(modules: dict[str, ModuleProfile]) -> None:
@@ -298,13 +272,17 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
     def before(module: nn.Module, args: Any, kwargs: Any) -> None:
         record = modules[names[id(module)]]
         record.calls += 1
-        tensors = _tensors((args, kwargs))
+        tensors = tensors_of((args, kwargs))
         # The checkpoint hands recomputation one fresh tensor per argument, so a module
         # that tells apart `f(x, x)` from `f(x, y)` (attention's self-attention path)
         # would run differently; such modules are not candidates.
         record.repeated_input |= len({id(t) for t in tensors}) < len(tensors)
+        if module.training and getattr(module, "track_running_stats", False):
+            for running in (record, *recorder.stack):
+                running.running_stats = True
         for tensor in tensors:
             index = recorder.identify(tensor)
+            record.data_dependent |= index in recorder.shaped_by_data
             record.input_order.append(index)
             if index is not None:
                 record.inputs.add(index)
@@ -332,7 +310,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         return tensor
 
     with untouched(model, backend):
-        _backward(_call(model, example_inputs))  # warm-up: first-call costs are not kept
+        backward(call_model(model, example_inputs))  # warm-up: first-call costs are not kept
         model.zero_grad(set_to_none=True)
         device_start = 0
         if backend.supports_memory_stats:
@@ -345,14 +323,14 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
                 stack.callback(module.register_forward_hook(after).remove)
             stack.enter_context(recorder)
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
-            output = _call(model, example_inputs)
+            output = call_model(model, example_inputs)
         backend.mark_step()
         device_bytes = device_peak = None
         if backend.supports_memory_stats:
             backend.synchronize()
             device_bytes = backend.memory_allocated() - device_start
             device_peak = backend.max_memory_allocated() - device_start
-        _backward(output)
+        backward(output)
         del output
         model.zero_grad(set_to_none=True)
         timings = [timed_step(model, example_inputs, backend) for _ in range(2)]

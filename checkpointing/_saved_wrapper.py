@@ -16,7 +16,8 @@ forward's values. Planned tensors are then:
   the same call wait in a cache until their own unpack.
 
 Every other saved tensor goes to the hooks that were active outside the module, if
-any, unchanged.
+any, unchanged. Under ``torch.compile`` the module runs without the hooks (the compiled
+graph decides what it saves).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from accel._compat import current_saved_tensors_hooks
 
 from ._errors import CheckpointError, plan_mismatch
 from ._packed import Packed
-from ._profile import _tensors
 from ._replay import Geometry, Ref, resolve
 from ._saved_grain import DROP, LEAF, PACK, SavedPlan
 from ._state import ForwardState
+from ._steps import tensors_of as _tensors
 from ._wrapper import CheckpointWrapper
 
 __all__ = ["SavedTensorWrapper"]
@@ -192,9 +193,20 @@ class SavedTensorWrapper(CheckpointWrapper):
         self.plan = plan
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the wrapped module's forward with the plan's saved-tensor hooks."""
-        if not torch.is_grad_enabled():
+        """Run the wrapped module's forward with the plan's saved-tensor hooks.
+
+        Under ``torch.compile`` the module runs as it is: the compiler chooses what its
+        graph saves (its partitioner recomputes cheap operators, as this grain does), and
+        saved-tensor hooks cannot be traced.
+        """
+        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self.module(*args, **kwargs)
+        return self._hooked(args, kwargs)
+
+    # Run eagerly as a whole even inside a compiled caller's eager fallback: were the
+    # module's own frames compiled, its saved tensors would not be the planned ones.
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
+    def _hooked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         inputs = _tensors((args, kwargs))
         run = _Run(self, inputs)
         state = ForwardState.capture(self._backend_ref.get() or accel.get_backend(), True, inputs)

@@ -125,3 +125,46 @@ def test_compile_backend_of_the_backend_compiles() -> None:
     compiled = torch.compile(model, backend=backend.compile_backend)
     torch._dynamo.reset()
     assert torch.allclose(compiled(x), model(x), atol=1e-6)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+def test_a_budget_plan_compiles_in_one_graph_and_trains_like_eager() -> None:
+    from checkpointing import CheckpointPlan
+    from checkpointing._decisions import FULL, SAVED
+    from checkpointing._profile import profile_step
+    from checkpointing._saved_grain import saved_plan, saved_units
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(*(_Block() for _ in range(4)))
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    planned = copy.deepcopy(plain)
+    profile = profile_step(planned, (x,), accel.get_backend("cpu"))
+    units = saved_units(profile, "1")[-1]
+    plan = CheckpointPlan(
+        decisions={"0": FULL, "1": SAVED},
+        rows=(),
+        plain_bytes=1,
+        estimated_bytes=1,
+        estimated_step_time_ratio=1.0,
+        budget_bytes=1,
+        step_seconds=1.0,
+        saved_plans={"1": saved_plan(profile, "1", units)},
+    )
+    plan.apply(planned)
+    compiled = _compile(lambda x: planned(x).square().sum(), "aot_eager")
+    for _ in range(2):  # the second step runs the cached graph
+        compiled(x).backward()
+        plain(x).square().sum().backward()
+        for ours, theirs in zip(planned.parameters(), plain.parameters(), strict=True):
+            assert ours.grad is not None and theirs.grad is not None
+            assert torch.allclose(ours.grad, theirs.grad, atol=1e-6)
+            ours.grad = theirs.grad = None

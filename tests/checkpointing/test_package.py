@@ -47,3 +47,32 @@ def test_checkpoint_accepts_torchs_parameters() -> None:
     ours_seq = inspect.signature(checkpointing.checkpoint_sequential).parameters
     theirs_seq = inspect.signature(torch.utils.checkpoint.checkpoint_sequential).parameters
     assert list(ours_seq) == list(theirs_seq)
+
+
+def _imports(path: Path) -> set[str]:
+    """The package's modules ``path`` imports (``from ._x import ...``), in functions too."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    return {
+        node.module
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+    }
+
+
+def test_modules_import_each_other_without_a_circle() -> None:
+    graph = {path.stem: _imports(path) for path in PACKAGE.glob("*.py")}
+    assert "_budget" in graph["_apply"] and "_wrapper" in graph["_apply"]  # the entry point
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import circle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for imported in graph.get(module, set()):
+            visit(imported, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())

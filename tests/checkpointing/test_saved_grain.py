@@ -117,6 +117,16 @@ def test_the_longest_prefix_holds_what_it_promises() -> None:
     )
 
 
+@pytest.fixture
+def estimates_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner's in-place timing against every block whole finds its estimate faster.
+
+    On a busy host either can win the timing; these tests are about the saved grain.
+    """
+    monkeypatch.setattr("checkpointing._budget.measured_steps", lambda *args: [1.0, 2.0, 0.5])
+
+
+@pytest.mark.usefixtures("estimates_win")
 def test_budget_plans_use_the_saved_grain_exactly_and_fit() -> None:
     reference, x = _model(), _inputs()
     model = copy.deepcopy(reference)
@@ -172,6 +182,7 @@ def test_a_transposed_mask_is_packed_with_its_strides() -> None:
     assert rebuilt.stride() == mask.stride() and torch.equal(rebuilt, mask)
 
 
+@pytest.mark.usefixtures("estimates_win")
 def test_a_changed_input_is_refused_with_generators_and_gradients_untouched() -> None:
     model, x = _model(), _inputs()
     plan = plan_checkpointing(model, (x,), memory_budget=0.7)

@@ -1,0 +1,233 @@
+"""A model zoo for the memory budget: one small model per family, random weights.
+
+Every model is built from a config (nothing is downloaded) and trains in a few tens of
+milliseconds on a host CPU at the ``small`` size the tests use; ``size="bench"`` gives
+the benchmark's larger shapes. Families:
+
+* ``resnet``: a ResNet-style CNN (Conv2d, BatchNorm2d, ReLU, Dropout2d, residual blocks);
+* ``vit``: transformers' ViT (patch embedding, pre-norm encoder layers, dropout);
+* ``gpt2``: transformers' GPT-2 (fused QKV, GELU, dropout);
+* ``llama``: transformers' Llama (GQA, RoPE, RMSNorm, SwiGLU, attention dropout);
+* ``t5``: transformers' T5 encoder-decoder (relative position bias, cross-attention,
+  keyword arguments, tuple outputs);
+* ``mixtral``: transformers' Mixtral mixture of experts (top-2 routing, index ops).
+
+Each :class:`ZooModel` names its repeated blocks' class (for "checkpoint every block")
+and its loss, so that the benchmark and the tests train every family the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["FAMILIES", "TRANSFORMERS", "ZooModel", "build"]
+
+FAMILIES = ("resnet", "vit", "gpt2", "llama", "t5", "mixtral")
+TRANSFORMERS = ("vit", "gpt2", "llama", "t5", "mixtral")  # transformer-shaped families
+
+
+@dataclass
+class ZooModel:
+    """A zoo model, its training inputs, its loss and its repeated blocks' class."""
+
+    family: str
+    model: nn.Module
+    inputs: tuple[Any, ...] | dict[str, Any]
+    loss_of: Callable[[Any], torch.Tensor]
+    block_types: tuple[type[nn.Module], ...]
+
+    def call(self, model: nn.Module) -> Any:
+        """``model`` run on the inputs (positional or keyword)."""
+        if isinstance(self.inputs, dict):
+            return model(**self.inputs)
+        return model(*self.inputs)
+
+    def loss(self, model: nn.Module) -> torch.Tensor:
+        return self.loss_of(self.call(model))
+
+    def is_block(self, module: nn.Module) -> bool:
+        return isinstance(module, self.block_types)
+
+
+class _Residual(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.drop = nn.Dropout2d(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.bn1(self.conv1(x)))
+        hidden = self.drop(self.bn2(self.conv2(hidden)))
+        return torch.relu(x + hidden)
+
+
+class ResNet(nn.Module):
+    """A ResNet-style CNN: a stem, residual blocks with BatchNorm and Dropout2d, a head."""
+
+    def __init__(self, channels: int, blocks: int, classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU()
+        )
+        self.blocks = nn.Sequential(*(_Residual(channels) for _ in range(blocks)))
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.blocks(self.stem(x))
+        return self.head(hidden.mean(dim=(2, 3)))
+
+
+def _causal_lm_loss(ids: torch.Tensor) -> Callable[[Any], torch.Tensor]:
+    def loss(out: Any) -> torch.Tensor:
+        logits = out.logits
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+
+    return loss
+
+
+def _ids(vocab: int, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(vocab, (batch, seq), generator=generator)
+
+
+def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooModel:
+    """The zoo's ``family`` model, seeded, in training mode.
+
+    Args:
+        family: One of :data:`FAMILIES`.
+        size: ``"small"`` (tests: a few milliseconds a step) or ``"bench"``.
+        use_cache: For the decoders: the config's ``use_cache`` (transformers' KV cache).
+    """
+    bench = size == "bench"
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1)
+    width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
+    if family == "resnet":
+        channels, side = (32, 48) if bench else (8, 12)
+        model: nn.Module = ResNet(channels, 6 if bench else 2)
+        images = torch.randn(16 if bench else 4, 3, side, side, generator=generator)
+        labels = torch.randint(10, (images.shape[0],), generator=generator)
+        zoo = ZooModel(
+            family,
+            model,
+            (images,),
+            lambda out: nn.functional.cross_entropy(out, labels),
+            (_Residual,),
+        )
+    elif family == "vit":
+        from transformers import ViTConfig, ViTForImageClassification
+        from transformers.models.vit.modeling_vit import ViTLayer
+
+        side = 64 if bench else 16
+        vit = ViTConfig(
+            hidden_size=width,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            intermediate_size=4 * width,
+            image_size=side,
+            patch_size=4,
+            num_labels=10,
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+        )
+        model = ViTForImageClassification(vit)
+        images = torch.randn(batch, 3, side, side, generator=generator)
+        labels = torch.randint(10, (images.shape[0],), generator=generator)
+        zoo = ZooModel(
+            family,
+            model,
+            (images,),
+            lambda out: nn.functional.cross_entropy(out.logits, labels),
+            (ViTLayer,),
+        )
+    elif family == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+        gpt = GPT2Config(
+            n_layer=layers,
+            n_embd=width,
+            n_head=4,
+            n_positions=seq,
+            vocab_size=512,
+            bos_token_id=0,
+            eos_token_id=0,
+            use_cache=use_cache,
+        )
+        model = GPT2LMHeadModel(gpt)
+        ids = _ids(gpt.vocab_size, batch, seq, generator)
+        zoo = ZooModel(family, model, (ids,), _causal_lm_loss(ids), (GPT2Block,))
+    elif family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        llama = LlamaConfig(
+            hidden_size=width,
+            intermediate_size=3 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            max_position_embeddings=2 * seq,
+            attention_dropout=0.1,
+            use_cache=use_cache,
+        )
+        model = LlamaForCausalLM(llama)
+        ids = _ids(llama.vocab_size, batch, seq, generator)
+        zoo = ZooModel(family, model, (ids,), _causal_lm_loss(ids), (LlamaDecoderLayer,))
+    elif family == "t5":
+        from transformers import T5Config, T5ForConditionalGeneration
+        from transformers.models.t5.modeling_t5 import T5Block
+
+        t5 = T5Config(
+            vocab_size=512,
+            d_model=width,
+            d_kv=width // 4,
+            d_ff=2 * width,
+            num_layers=layers,
+            num_heads=4,
+            dropout_rate=0.1,
+            decoder_start_token_id=0,
+            use_cache=use_cache,
+        )
+        model = T5ForConditionalGeneration(t5)
+        ids = _ids(t5.vocab_size, batch, seq, generator)
+        labels = _ids(t5.vocab_size, batch, seq // 2, generator)
+        zoo = ZooModel(
+            family,
+            model,
+            {"input_ids": ids, "labels": labels},
+            lambda out: out.loss,
+            (T5Block,),
+        )
+    elif family == "mixtral":
+        from transformers import MixtralConfig, MixtralForCausalLM
+        from transformers.models.mixtral.modeling_mixtral import MixtralDecoderLayer
+
+        mixtral = MixtralConfig(
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            vocab_size=512,
+            max_position_embeddings=2 * seq,
+            attention_dropout=0.1,
+            use_cache=use_cache,
+        )
+        model = MixtralForCausalLM(mixtral)
+        ids = _ids(mixtral.vocab_size, batch, seq, generator)
+        zoo = ZooModel(family, model, (ids,), _causal_lm_loss(ids), (MixtralDecoderLayer,))
+    else:
+        raise ValueError(f"unknown zoo family {family!r}; expected one of {', '.join(FAMILIES)}")
+    zoo.model.train()
+    return zoo

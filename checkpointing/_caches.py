@@ -1,0 +1,96 @@
+"""Caches that recomputation would corrupt: transformers' key-value cache.
+
+A decoder layer called with ``use_cache=True`` appends its keys and values to a cache
+object (transformers' ``DynamicCache`` and kin) in its forward. Recomputing the layer
+in backward appends them a second time: the attention mask no longer matches the
+cached length and backward fails with a shape error, or the cache silently holds
+every position twice. transformers' own gradient checkpointing switches the cache off
+for training and says so; so does accel, for ``apply_activation_checkpointing`` (with
+or without a memory budget), :func:`plan_checkpointing` and :meth:`CheckpointPlan.apply`:
+
+* a module's ``config.use_cache`` that is ``True`` is set to ``False``, with a warning
+  naming the setting (the model's own default; ``model.generate`` is unaffected);
+* ``use_cache=True`` or a cache object among ``example_inputs`` is refused;
+* a checkpointed module called with a cache object while grad is enabled (the caller
+  passed ``use_cache=True`` explicitly) raises before its forward runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from accel._warn import warn
+
+__all__ = ["refuse_cache_arguments", "refuse_cache_inputs", "switch_off_kv_cache"]
+
+_ADVICE = (
+    "Train with the cache off: pass use_cache=False to the model's forward (or set "
+    "model.config.use_cache = False)."
+)
+
+
+def _is_cache(value: object) -> bool:
+    """Whether ``value`` is one of transformers' key-value cache objects."""
+    kind = type(value)
+    return kind.__module__.startswith("transformers") and any(
+        base.__name__.endswith("Cache") for base in kind.__mro__
+    )
+
+
+def switch_off_kv_cache(model: nn.Module) -> list[str]:
+    """Set every ``config.use_cache`` in ``model`` that is ``True`` to ``False``, warning once.
+
+    Returns:
+        The settings switched off, as ``"<module>.config.use_cache"``.
+    """
+    switched: list[str] = []
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        config = module.__dict__.get("config")
+        if config is None or id(config) in seen:
+            continue
+        seen.add(id(config))
+        if getattr(config, "use_cache", None) is True:
+            config.use_cache = False
+            switched.append(f"{name + '.' if name else 'model.'}config.use_cache")
+    if switched:
+        warn(
+            f"checkpointing: {', '.join(switched)} was True; set to False, because "
+            "recomputing a checkpointed decoder layer in backward would append its keys "
+            "and values to the KV cache a second time (transformers' own gradient "
+            "checkpointing does the same). Set it back to True for generation.",
+            UserWarning,
+        )
+    return switched
+
+
+def refuse_cache_inputs(example_inputs: Any) -> None:
+    """Raise ``ValueError`` if ``example_inputs`` ask for or carry a key-value cache."""
+    values = example_inputs.values() if isinstance(example_inputs, Mapping) else example_inputs
+    if isinstance(example_inputs, Mapping) and example_inputs.get("use_cache") is True:
+        raise ValueError(
+            "checkpointing: example_inputs pass use_cache=True; a checkpointed decoder "
+            "layer would append to the KV cache again when it is recomputed in backward. " + _ADVICE
+        )
+    if any(_is_cache(value) for value in values):
+        raise ValueError(
+            "checkpointing: example_inputs carry a key-value cache object; a checkpointed "
+            "decoder layer would append to it again when recomputed in backward. " + _ADVICE
+        )
+
+
+def refuse_cache_arguments(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    """Raise ``ValueError`` if a checkpointed ``module`` is called with a key-value cache."""
+    for key, value in (*enumerate(args), *kwargs.items()):
+        if _is_cache(value):
+            raise ValueError(
+                f"checkpointing: a checkpointed {type(module).__name__} was called with a "
+                f"key-value cache ({key}={type(value).__name__}) while grad is enabled; "
+                "recomputing it in backward would append its keys and values to the cache "
+                "a second time. " + _ADVICE
+            )

@@ -1,0 +1,283 @@
+"""The memory budget on every model family (benchmarks/_zoo.py, small shapes).
+
+Every plan is bit-exact against the plain model (dropout included), its activation
+bytes fit the budget plus 2%, it is not slower than any plan the planner considered
+that fits, and every grain the planner offers is exact. transformers' KV cache is
+switched off with a warning, or refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import accel
+from checkpointing import (
+    CheckpointPlan,
+    LiveActivationMeter,
+    SavedTensorMeter,
+    apply_activation_checkpointing,
+    plan_checkpointing,
+)
+from checkpointing._candidates import blocks
+from checkpointing._decisions import MEASURED, SAVED, SELECTIVE
+from checkpointing._options import candidates
+from checkpointing._profile import profile_step
+from checkpointing._selective import unavailable_reason
+
+
+def _load_zoo() -> ModuleType:
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "_zoo.py"
+    spec = importlib.util.spec_from_file_location("accel_zoo", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["accel_zoo"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _transformers_unusable() -> str | None:
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed (pip install -e '.[test]')"
+    import transformers
+
+    if not transformers.utils.is_torch_available():
+        # transformers 5.x treats a torch older than its floor (2.6) as absent.
+        return (
+            f"transformers {transformers.__version__} does not support torch "
+            f"{torch.__version__}; the transformer families run where it does"
+        )
+    return None
+
+
+zoo = _load_zoo()
+UNUSABLE = _transformers_unusable()
+needs_transformers = pytest.mark.skipif(UNUSABLE is not None, reason=str(UNUSABLE))
+FAMILIES = [
+    pytest.param(family, marks=needs_transformers) if family in zoo.TRANSFORMERS else family
+    for family in zoo.FAMILIES
+]
+_FIELDS: dict[str, Any] = {
+    "rows": (),
+    **dict.fromkeys(("plain_bytes", "estimated_bytes", "budget_bytes"), 1),
+    **dict.fromkeys(("estimated_step_time_ratio", "step_seconds"), 1.0),
+}
+
+
+def _step(case: Any, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    torch.manual_seed(7)
+    loss = case.loss(model)
+    loss.backward()
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return loss.detach(), grads
+
+
+def _assert_exact(case: Any, model: nn.Module, reference: nn.Module) -> None:
+    loss, grads = _step(case, model)
+    expected_loss, expected_grads = _step(case, reference)
+    assert torch.equal(loss, expected_loss)
+    for grad, expected in zip(grads, expected_grads, strict=True):
+        assert (grad is None) == (expected is None)
+        assert grad is None or torch.equal(grad, expected)
+
+
+def _held(case: Any, model: nn.Module) -> tuple[int, int]:
+    """(live bytes after the forward, bytes of the storages autograd saved)."""
+    exclude = [*model.parameters(), *model.buffers()]
+    with LiveActivationMeter(exclude=exclude) as live, SavedTensorMeter(exclude=exclude) as saved:
+        out = case.call(model)
+    held = live.bytes, saved.bytes
+    case.loss_of(out).backward()
+    model.zero_grad(set_to_none=True)
+    return held
+
+
+def _assert_fits(case: Any, model: nn.Module, plain: nn.Module, budget: float) -> None:
+    live, _ = _held(case, model)
+    plain_live, plain_saved = _held(case, plain)
+    # What the plan holds beyond the plain model's output and the like, which every
+    # variant holds alike: its saved storages, checkpoint inputs, selective caches.
+    activations = live - plain_live + plain_saved
+    assert activations <= (budget + 0.02) * plain_saved
+
+
+def _assert_not_dominated(plan: CheckpointPlan) -> None:
+    considered = plan.considered
+    taken = [c for c in considered if c.taken]
+    assert len(taken) == 1 and taken[0].fits
+    fitting = [c for c in considered if c.fits]
+    fastest = min(c.estimated_seconds for c in fitting)
+    if taken[0].estimated_seconds != fastest:
+        # Timed in place against the estimate's winner, and faster by a margin.
+        (winner,) = [c for c in considered if c.measured_seconds is not None and not c.taken]
+        assert winner.estimated_seconds == fastest
+        assert taken[0].measured_seconds is not None and winner.measured_seconds is not None
+        assert taken[0].measured_seconds < winner.measured_seconds
+    assert any(c.label == "every block: checkpoint" for c in considered)
+
+
+@pytest.mark.parametrize(
+    ("family", "budget"),
+    [
+        pytest.param(family, budget, marks=[needs_transformers] * (family in zoo.TRANSFORMERS))
+        for family, budget in [
+            *((family, budget) for family in zoo.FAMILIES for budget in (0.5, 0.25)),
+            ("resnet", 0.75),  # a block's output is saved by the next block too
+        ]
+    ],
+)
+def test_budget_plan_is_exact_fits_and_is_not_dominated(family: str, budget: float) -> None:
+    case = zoo.build(family)
+    model, plain = copy.deepcopy(case.model), copy.deepcopy(case.model)
+    plan = plan_checkpointing(model, case.inputs, budget)
+    plan.apply(model)
+    _assert_exact(case, model, plain)
+    _assert_fits(case, model, plain, budget)
+    _assert_not_dominated(plan)
+
+
+def _sampled(options: list[Any]) -> list[Any]:
+    """Every option except the middle of long saved and measured prefix runs."""
+    picked = []
+    for decision in {option.decision for option in options}:
+        run = [option for option in options if option.decision == decision]
+        if decision in (SAVED, MEASURED) and len(run) > 3:
+            run = [run[0], run[len(run) // 2], run[-1]]
+        picked.extend(run)
+    return picked
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
+    case = zoo.build(family)
+    profile = profile_step(case.model, case.inputs, accel.get_backend())
+    table = candidates(profile, selective=unavailable_reason() is None)
+    names = blocks(profile, table)
+    # The first block of each kind stands for its repeats; the modules holding blocks too.
+    kinds = {profile.modules[name].kind: name for name in reversed(names)}
+    holders = [n for n in table if any(b.startswith(f"{n}.") for b in names)]
+    checked = 0
+    for name in [*kinds.values(), *holders]:
+        for option in _sampled(table[name]):
+            model = copy.deepcopy(case.model)
+            plan = CheckpointPlan(
+                decisions={name: option.decision},
+                kept_calls={name: option.calls},
+                saved_plans={} if option.decision != SAVED else _saved(profile, name, option),
+                **_FIELDS,
+            )
+            plan.apply(model)
+            _assert_exact(case, model, case.model)
+            checked += 1
+    assert kinds and checked >= len(kinds) + len(holders)
+    if family == "resnet":  # batch norm in training: no selective grain is offered
+        assert not any(o.decision in (SELECTIVE, MEASURED) for os in table.values() for o in os)
+
+
+def _saved(profile: Any, name: str, option: Any) -> dict[str, Any]:
+    from checkpointing._saved_grain import saved_plan
+
+    return {name: saved_plan(profile, name, list(option.saved_units))}
+
+
+@needs_transformers
+def test_kv_cache_is_switched_off_with_a_warning_for_wrappers_and_budgets() -> None:
+    reference = zoo.build("llama")
+    case = zoo.build("llama", use_cache=True)
+    wrapped = copy.deepcopy(case.model)
+    with pytest.warns(UserWarning, match=r"model\.config\.use_cache was True; set to False"):
+        apply_activation_checkpointing(wrapped, check_fn=case.is_block)
+    assert wrapped.config.use_cache is False
+    _assert_exact(case, wrapped, reference.model)
+    planned = copy.deepcopy(case.model)
+    with pytest.warns(UserWarning, match=r"config\.use_cache was True"):
+        apply_activation_checkpointing(planned, memory_budget=0.5, example_inputs=case.inputs)
+    _assert_exact(case, planned, reference.model)
+
+
+@needs_transformers
+def test_kv_cache_in_the_inputs_or_the_call_is_refused() -> None:
+    case = zoo.build("llama")
+    (ids,) = case.inputs
+    model = copy.deepcopy(case.model)
+    with pytest.raises(ValueError, match=r"example_inputs pass use_cache=True"):
+        plan_checkpointing(model, {"input_ids": ids, "use_cache": True}, 0.5)
+    apply_activation_checkpointing(model, check_fn=case.is_block)
+    with pytest.raises(ValueError, match=r"called with a key-value cache .* use_cache=False"):
+        model(ids, use_cache=True)
+    with torch.no_grad():  # inference: nothing is recomputed, the cache is fine
+        model(ids, use_cache=True)
+
+
+class _Router(nn.Module):
+    """Top-1 routing to two experts with index ops, called twice per step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 2)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.gate(x).softmax(-1).topk(1, dim=-1)
+        out = torch.zeros_like(x)
+        for number, expert in enumerate(self.experts):
+            rows = (chosen[:, 0] == number).nonzero().squeeze(1)  # data-dependent shape
+            out.index_add_(0, rows, expert(x[rows]) * weights[rows])
+        return out
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(8)
+        self.mix = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.2))
+        self.router = _Router()
+
+    def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.mix(self.norm(x))
+        hidden.mul_(scale).relu_()  # in place
+        hidden = hidden + self.router(hidden) + torch.rand_like(hidden) * 0.01  # RNG op
+        kept = hidden[hidden > 0]  # data-dependent shape
+        return hidden, kept.sum()
+
+
+class _Edges(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block() for _ in range(3))
+        self.frozen = nn.BatchNorm1d(8).eval()  # evaluation-mode batch norm
+        self.shared = nn.Sequential(nn.Linear(8, 8), nn.Tanh())  # called twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = x.new_zeros(())
+        for block in self.blocks:
+            x, extra = block(self.shared(x), scale=0.5)  # keyword argument, tuple output
+            total = total + extra
+        return self.frozen(self.shared(x)).square().mean() + total
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.3])
+def test_in_place_random_data_dependent_routing_kwargs_tuples_and_shared_modules(
+    budget: float,
+) -> None:
+    torch.manual_seed(0)
+    model = _Edges().train()
+    model.frozen.eval()
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(1))
+    case = zoo.ZooModel("edges", model, (x,), lambda out: out, (_Block,))
+    planned, plain = copy.deepcopy(model), copy.deepcopy(model)
+    plan = plan_checkpointing(planned, (x,), budget)
+    assert "shared" not in plan.decisions  # called twice: never a candidate
+    plan.apply(planned)
+    _assert_exact(case, planned, plain)
+    _assert_fits(case, planned, plain, budget)
+    _assert_not_dominated(plan)
