@@ -162,8 +162,11 @@ def test_the_readmes_deepspeed_example_runs_under_torchrun(
     assert "torchrun --nproc_per_node=2 train.py" in section
     [example] = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
     script = tmp_path / "train.py"
+    # One write per rank: both ranks share the log, and CI runs unbuffered, so a print of
+    # several pieces interleaves with the other rank's.
     script.write_text(
-        example + "\nprint('accelerator:', type(deepspeed.get_accelerator()).__name__)\n"
+        example + "\nimport os\nos.write(1, f'accelerator: "
+        "{type(deepspeed.get_accelerator()).__name__}\\n'.encode())\n"
     )
     _run([*_torchrun(), str(script)], tmp_path, ACCEL="cpu")
     assert "accelerator: AccelDeepSpeedAccelerator" in (tmp_path / "log.txt").read_text()
