@@ -47,6 +47,9 @@ def main() -> None:
     for stage in (1, 2) if common.deepspeed_installed() else ():
         results[f"zero{stage}"] = parameters(common.deepspeed_sgd(common.make_model(), data, stage))
     torch.save(results, Path(os.environ["ACCEL_TEST_OUT"]) / f"rank{rank}.pt")
+    # Before exit, so that gloo's threads end cleanly (left running, a rank can abort at
+    # exit with "terminate called without an active exception").
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
