@@ -233,8 +233,10 @@ def _checked(
         for c in (best, full)
     ]
     seconds = measured_steps(model, example_inputs, backend, [*applies, None])
-    best.measured_seconds = max(seconds[0] - seconds[2], 0.0)
-    full.measured_seconds = max(seconds[1] - seconds[2], 0.0)
+    # Not clamped at zero: on a noisy host a cheap plan's step can time below the plain
+    # step's, and clamping both to 0 would hide which of the two was faster.
+    best.measured_seconds = seconds[0] - seconds[2]
+    full.measured_seconds = seconds[1] - seconds[2]
     # A margin, so that timing noise on a busy host does not trade a plan estimated much
     # faster for whole blocks; where the estimate is wrong (convolutions) the gap is wide.
     if seconds[1] < _SWITCH * seconds[0] and held(full) <= budget:

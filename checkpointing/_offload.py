@@ -61,7 +61,7 @@ class HostCopy:
 
 
 def version_witness(tensor: torch.Tensor) -> torch.Tensor:
-    """Return an empty host tensor that shares ``tensor``'s version counter.
+    """Return an empty tensor on ``tensor``'s device that shares its version counter.
 
     ``detach()`` shares the version counter (and the storage); swapping the detached
     tensor's ``.data`` for an empty one keeps the counter and drops the storage, so the
@@ -69,7 +69,9 @@ def version_witness(tensor: torch.Tensor) -> torch.Tensor:
     keeping its memory alive.
     """
     witness = tensor.detach()
-    witness.data = torch.empty(0, dtype=tensor.dtype)
+    # On the tensor's own device: torch refuses to swap in data of another tensor type
+    # (an XLA tensor's .data cannot become a host tensor).
+    witness.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
     return witness
 
 
