@@ -70,7 +70,7 @@ def version_witness(tensor: torch.Tensor) -> torch.Tensor:
     """
     witness = tensor.detach()
     # On the tensor's own device: torch refuses to swap in data of another tensor type
-    # (an XLA tensor's .data cannot become a host tensor).
+    # (on a lazy device, a tensor's .data cannot be swapped for a host tensor).
     witness.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
     return witness
 
