@@ -53,6 +53,21 @@ class ZooModel:
     def is_block(self, module: nn.Module) -> bool:
         return isinstance(module, self.block_types)
 
+    def held(self, model: nn.Module) -> tuple[int, int]:
+        """(live bytes after ``model``'s forward, bytes of the storages autograd saved)."""
+        from checkpointing import LiveActivationMeter, SavedTensorMeter
+
+        exclude = [*model.parameters(), *model.buffers()]
+        with (
+            LiveActivationMeter(exclude=exclude) as live,
+            SavedTensorMeter(exclude=exclude) as saved,
+        ):
+            out = self.call(model)
+        counted = live.bytes, saved.bytes
+        self.loss_of(out).backward()
+        model.zero_grad(set_to_none=True)
+        return counted
+
 
 class _Residual(nn.Module):
     def __init__(self, channels: int) -> None:

@@ -58,8 +58,6 @@ import accel
 from accel import Accelerator
 from accel._compat import selective_checkpoint_api
 from checkpointing import (
-    LiveActivationMeter,
-    SavedTensorMeter,
     apply_activation_checkpointing,
     plan_checkpointing,
 )
@@ -156,17 +154,6 @@ def inductor_with_budget(graph: Any, example_inputs: Any) -> Any:
         return compile_fx(graph, example_inputs)
 
 
-def held(case: ZooModel, model: nn.Module) -> tuple[int, int]:
-    """(live bytes after the forward, bytes of the storages autograd saved)."""
-    exclude = [*model.parameters(), *model.buffers()]
-    with LiveActivationMeter(exclude=exclude) as live, SavedTensorMeter(exclude=exclude) as saved:
-        out = case.call(model)
-    counted = live.bytes, saved.bytes
-    case.loss_of(out).backward()
-    model.zero_grad(set_to_none=True)
-    return counted
-
-
 def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
     """Bytes of the storages the autograd graph of one forward saves, found by walking it.
 
@@ -246,7 +233,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         if name == "plain" or name.startswith("compiled")
     }
     counted = {
-        name: held(case, models[name]) for name in variants if not name.startswith("compiled")
+        name: case.held(models[name]) for name in variants if not name.startswith("compiled")
     }
     plain_live, plain_saved = counted["plain"]
     reference = gradients(case, models["plain"])

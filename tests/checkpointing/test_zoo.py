@@ -22,8 +22,6 @@ from torch import nn
 import accel
 from checkpointing import (
     CheckpointPlan,
-    LiveActivationMeter,
-    SavedTensorMeter,
     apply_activation_checkpointing,
     plan_checkpointing,
 )
@@ -90,20 +88,9 @@ def _assert_exact(case: Any, model: nn.Module, reference: nn.Module) -> None:
         assert grad is None or torch.equal(grad, expected)
 
 
-def _held(case: Any, model: nn.Module) -> tuple[int, int]:
-    """(live bytes after the forward, bytes of the storages autograd saved)."""
-    exclude = [*model.parameters(), *model.buffers()]
-    with LiveActivationMeter(exclude=exclude) as live, SavedTensorMeter(exclude=exclude) as saved:
-        out = case.call(model)
-    held = live.bytes, saved.bytes
-    case.loss_of(out).backward()
-    model.zero_grad(set_to_none=True)
-    return held
-
-
 def _assert_fits(case: Any, model: nn.Module, plain: nn.Module, budget: float) -> None:
-    live, _ = _held(case, model)
-    plain_live, plain_saved = _held(case, plain)
+    live, _ = case.held(model)
+    plain_live, plain_saved = case.held(plain)
     # What the plan holds beyond the plain model's output and the like, which every
     # variant holds alike: its saved storages, checkpoint inputs, selective caches.
     activations = live - plain_live + plain_saved
