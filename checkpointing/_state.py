@@ -240,7 +240,9 @@ class _RunningStatsGuard:
 
     def __init__(self) -> None:
         self._thread = threading.get_ident()
-        self._saved: dict[int, tuple[nn.Module, dict[str, torch.Tensor]]] = {}
+        self._saved: dict[
+            int, tuple[nn.Module, dict[str, torch.Tensor], dict[str, torch.Tensor]]
+        ] = {}
         self._handle: Any = None
 
     def __enter__(self) -> _RunningStatsGuard:
@@ -263,13 +265,16 @@ class _RunningStatsGuard:
         if any(id(module) in guard._saved for guard in _local.guards):
             return
         originals = {name: buffer for name, buffer in module._buffers.items() if buffer is not None}
-        self._saved[id(module)] = (module, originals)
         with torch.no_grad():
-            for name, buffer in originals.items():
-                module._buffers[name] = buffer.clone()
+            clones = {name: buffer.clone() for name, buffer in originals.items()}
+        self._saved[id(module)] = (module, originals, clones)
+        module._buffers.update(clones)
 
     def _restore(self) -> None:
-        for module, originals in self._saved.values():
+        # Only where the clone is still in place: code that put its own tensor in a
+        # buffer's place for the recomputation (and back) keeps what it put back.
+        for module, originals, clones in self._saved.values():
             for name, buffer in originals.items():
-                module._buffers[name] = buffer
+                if module._buffers.get(name) is clones[name]:
+                    module._buffers[name] = buffer
         self._saved.clear()

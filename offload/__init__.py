@@ -5,7 +5,8 @@ protocol, so the same code runs on every backend: copies go on a copy stream mad
 ``backend.Stream()`` and are ordered with events, page-locked host memory comes from
 ``backend.empty_pinned``, and ``backend.mark_step()`` flushes lazy graphs. On a backend
 without streams the copies simply run in order; when the device is the host nothing is
-copied at all.
+copied at all. On a device whose tensors cannot take a host tensor's place (a lazy-tensor
+runtime's), parameters reach the device as differentiable copies (:mod:`offload._copies`).
 
 Example::
 

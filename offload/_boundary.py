@@ -141,7 +141,10 @@ def is_batched(tensor: torch.Tensor, batch: int | None) -> bool:
 
 def _same_view(tensors: Sequence[torch.Tensor]) -> bool:
     first = tensors[0]
-    return all(
+    if all(t is first for t in tensors[1:]):
+        return True
+    # A lazy device's tensors report data_ptr() 0: there only the same object is the same.
+    return first.data_ptr() != 0 and all(
         t.data_ptr() == first.data_ptr()
         and t.shape == first.shape
         and t.stride() == first.stride()

@@ -21,6 +21,8 @@ from accel import Accelerator
 from checkpointing._state_dict import keep_plain_keys
 
 from . import _transfer
+from ._copied_model import CopiedSlices
+from ._copies import require_host, swaps_data
 from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
 from ._run import Config, Pass, parameter_bytes, run_slice
 from ._slices import Residency
@@ -109,6 +111,11 @@ class OffloadModel(nn.Module):
             backend cannot use, a non-host ``offload_device``, a bad ``backend`` or
             ``batched_kwargs``.
 
+    On a device whose tensors cannot take a host tensor's place (a lazy-tensor runtime's),
+    the slices load their parameters as differentiable copies instead of double buffers (see
+    :mod:`offload._copies`); ``resident_slices`` and ``max_resident_slices`` then count
+    nothing, and the model must be built on the host.
+
     Limitations: backward is ``loss.backward()`` (or :meth:`offload.Engine.backward`),
     not ``torch.autograd.grad``; one backward per forward; a slice's first layer must
     not modify its input in place; buffers must be updated in place (as batch norm does);
@@ -161,11 +168,22 @@ class OffloadModel(nn.Module):
             )
         self.module = model if isinstance(model, nn.Sequential) else nn.ModuleList(layers)
         copy = _transfer.copies_needed(compute_device, home)
-        if copy:
-            _transfer.require_swappable(compute_device)
         if not copy:
             self.module.to(compute_device)
         runs = partition([parameter_bytes(layer) for layer in layers], num_slices)
+        self._copied: CopiedSlices | None = None
+        if copy and not swaps_data(compute_device):
+            require_host(self.module, compute_device)
+            copy = False  # no packing or device buffers: each slice copies its own tensors
+            self._copied = CopiedSlices(
+                layers,
+                [(run.start, run.stop) for run in runs],
+                backend,
+                compute_device,
+                checkpoint_activation=bool(checkpoint_activation),
+                num_microbatches=num_microbatches,
+                batched_kwargs=batched,
+            )
         transfers = Transfers(backend)
         storages, shared = _pack_slices(layers, runs, transfers, copy=copy)
         self._backend = backend
@@ -269,6 +287,16 @@ class OffloadModel(nn.Module):
         self._residency.invalidate()
         self._residency.drop_pending()
         self._state.enter(State.FORWARD, why="forward started")
+        if self._copied is not None:
+            try:
+                result, single = self._copied.forward(
+                    args, kwargs, batch if self.num_microbatches > 1 else None
+                )
+            except BaseException:
+                self._state.reset()
+                raise
+            self._state.enter(State.IDLE, why="forward finished")
+            return result[0] if not single and len(result) == 1 else result
         pass_ = Pass(self._config, batch if self.num_microbatches > 1 else None)
         values: tuple[Any, ...] = args
         returned_tuple = True

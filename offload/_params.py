@@ -18,6 +18,8 @@ from torch import nn
 from accel import Accelerator
 
 from . import _transfer
+from ._copied_params import CopiedOffload
+from ._copies import require_host, swaps_data
 from ._errors import OffloadConfigError
 from ._handle import ParameterOffload
 from ._registry import active_offloads, offloaded_roots
@@ -153,8 +155,16 @@ def offload_parameters(
     else:
         chosen = [(m, list(m.parameters())) for m in modules]
     copy = _transfer.copies_needed(compute_device, torch.device("cpu"))
-    if copy:
-        _transfer.require_swappable(compute_device)
+    if copy and not swaps_data(compute_device):
+        require_host(module, compute_device)
+        names = _names(module)
+        labelled = [
+            (f"module {names.get(id(m), '?')!r} ({type(m).__name__})", m, params)
+            for m, params in chosen
+        ]
+        return CopiedOffload(
+            module, labelled, prefetch=prefetch, backend=backend, device=compute_device
+        )
     covered = {id(p) for _, params in chosen for p in params}
     origins: list[tuple[torch.Tensor, torch.device, tuple[int, ...]]] = [
         (t, t.device, t.stride()) for t in [*module.parameters(), *module.buffers()]

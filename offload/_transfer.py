@@ -54,29 +54,6 @@ def copies_needed(device: torch.device, offload_device: torch.device) -> bool:
     return (device.type, device.index or 0) != (offload_device.type, offload_device.index or 0)
 
 
-def require_swappable(device: torch.device) -> None:
-    """Raise where a host parameter's ``.data`` cannot be set to a tensor on ``device``.
-
-    offload keeps each parameter object and points its ``.data`` at the device copy
-    while it computes, then back at host memory. torch allows that only between tensor
-    types that can share a shallow copy; a device whose tensors are of another type
-    (a lazy-tensor runtime's) refuses it ("incompatible tensor type").
-
-    Raises:
-        offload.OffloadConfigError: ``device``'s tensors cannot stand in for host ones.
-    """
-    probe = torch.empty(0, device=device)
-    if torch._has_compatible_shallow_copy_type(torch.empty(0), probe):
-        return
-    raise OffloadConfigError(
-        f"offload: parameters cannot be offloaded to host memory while computing on "
-        f"{device}: torch cannot point a host parameter's .data at a {device.type} tensor "
-        "(its tensors are of another type), which offload does to move parameters. Train "
-        f"with the parameters on {device} instead (model.to(backend.device())), or use "
-        "checkpointing, whose offload_to_cpu works on this device."
-    )
-
-
 def resolve_backend(backend: Any) -> Accelerator:
     """Return ``backend``, or ``accel.get_backend(backend)`` for a name or ``None``.
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from accel import Accelerator
 from checkpointing import apply_activation_checkpointing, checkpoint, checkpoint_wrapper
-from offload import Engine, OffloadConfigError, OffloadModel, offload_parameters
+from offload import Engine, OffloadModel, offload_parameters
 
 pytestmark = pytest.mark.accel("xla")
 MODES = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reentrant")]
@@ -200,13 +200,39 @@ def test_engine_trains_with_flat_compile_counts(accel_backend: Accelerator) -> N
         torch.testing.assert_close(a.detach().cpu(), b.detach().cpu())
 
 
-def test_parameter_offload_is_refused_with_a_sentence(accel_backend: Accelerator) -> None:
-    layers = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    with pytest.raises(OffloadConfigError, match=r"cannot point a host parameter's \.data"):
-        OffloadModel(layers, num_slices=2, backend=accel_backend)
-    with pytest.raises(OffloadConfigError, match=r"cannot point a host parameter's \.data"):
+@pytest.mark.parametrize("wrapper", ["offload_model", "offload_parameters"])
+def test_offload_moves_the_parameter_bytes_every_step_and_compiles_nothing_new(
+    accel_backend: Accelerator, wrapper: str
+) -> None:
+    torch.manual_seed(0)
+    layers = nn.Sequential(_block(), _block(), _block())
+    if wrapper == "offload_model":
+        model: nn.Module = OffloadModel(
+            layers, num_slices=3, checkpoint_activation=True, backend=accel_backend
+        )
+        loads = 2  # forward, and the recomputation in backward
+    else:
         offload_parameters(layers, backend=accel_backend)
-    assert all(p.device.type == "cpu" for p in layers.parameters())
+        model, loads = layers, 1
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # steps on the host
+    moved: list[tuple[int, int]] = []
+
+    def step(x: torch.Tensor) -> None:
+        to_device, to_host = _bytes("OutboundData"), _bytes("InboundData")
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        moved.append((_bytes("OutboundData") - to_device, _bytes("InboundData") - to_host))
+
+    compiled = _train(accel_backend, model, 6, step)
+    assert compiled[3:] == [0, 0, 0], compiled
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    for to_device, to_host in moved:
+        # The parameters come to the device each time they are used, their gradients go
+        # back once; the rest is the batch, the checkpoints' inputs and the loss.
+        assert loads * parameter_bytes <= to_device < (loads + 1) * parameter_bytes, moved
+        assert parameter_bytes <= to_host < 2 * parameter_bytes, moved
 
 
 def test_rng_state_is_the_xla_seed(accel_backend: Accelerator) -> None:

@@ -1,0 +1,124 @@
+"""OffloadModel's forward where parameters reach the device as copies (:mod:`offload._copies`).
+
+Each slice runs its layers with device copies of its parameters and buffers put in
+their places; the copies' gradients return to the host parameters through autograd.
+With ``checkpoint_activation`` each slice (each micro-batch of it) is a non-reentrant
+checkpoint whose inputs wait in host memory: nothing of the slice stays on the device
+after its forward, and backward recomputes it, copying its parameters again. Without
+it, the copies the slice's forward saves for backward stay on the device until then.
+
+No ``mark_step`` between slices: on a lazy device a step advances the random seed, so
+dropout would draw other masks than the model without offload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel import Accelerator
+from checkpointing import is_recomputing
+from checkpointing._checkpoint import run_checkpoint
+
+from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
+from ._copies import Slots, load, slots_of, substituted, unique, write_back
+
+__all__ = ["CopiedSlices"]
+
+
+class CopiedSlices:
+    """The slices of an :class:`offload.OffloadModel` whose parameters travel as copies.
+
+    Args:
+        layers: The model's layers.
+        runs: Each slice's ``(start, stop)`` into ``layers``.
+        backend: The backend (the checkpoints' RNG and host copies).
+        device: The compute device.
+        checkpoint_activation: Checkpoint each slice, its inputs kept in host memory.
+        num_microbatches: Micro-batches per slice.
+        batched_kwargs: Keyword arguments split with the batch.
+    """
+
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        runs: Sequence[tuple[int, int]],
+        backend: Accelerator,
+        device: torch.device,
+        *,
+        checkpoint_activation: bool,
+        num_microbatches: int,
+        batched_kwargs: frozenset[str],
+    ) -> None:
+        self._slices: list[tuple[str, Sequence[nn.Module], Slots]] = []
+        for index, (start, stop) in enumerate(runs):
+            chunk = layers[start:stop]
+            span = f"layer {start}" if stop - 1 == start else f"layers {start}-{stop - 1}"
+            self._slices.append((f"slice {index} ({span})", chunk, slots_of(chunk)))
+        self._backend = backend
+        self._device = device
+        self._checkpoint = checkpoint_activation
+        self._microbatches = num_microbatches
+        self._batched = batched_kwargs
+
+    def forward(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int | None
+    ) -> tuple[tuple[Any, ...], bool]:
+        """Run every slice; return the last one's values and whether it returned a tuple."""
+        values: tuple[Any, ...] = args
+        returned_tuple = True
+        for index, (name, _, _) in enumerate(self._slices):
+            tensors, spec = flatten(values, kwargs, where=f"an input of {name}")
+            bounds = chunk_bounds(batch, self._microbatches) if batch else [(0, 0)]
+            names = spec.keyword_names()
+            split = [
+                len(bounds) > 1
+                and is_batched(t, batch)
+                and (k not in names or names[k] in self._batched)
+                for k, t in enumerate(tensors)
+            ]
+            outputs: list[tuple[list[torch.Tensor], Spec]] = []
+            for start, length in bounds:
+                chunk = [
+                    t.narrow(0, start, length) if split[k] else t for k, t in enumerate(tensors)
+                ]
+                outputs.append(self._run(index, spec, chunk))
+            merged, out_spec, _ = merge(outputs, bounds, name)
+            values, _ = unflatten(out_spec, merged)
+            returned_tuple = self._returned_tuple
+        return values, returned_tuple
+
+    def _run(
+        self, index: int, spec: Spec, tensors: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], Spec]:
+        run = partial(self._layers, index, spec)
+        if not (self._checkpoint and torch.is_grad_enabled()):
+            outputs = run(*tensors)
+        else:
+            outputs = run_checkpoint(
+                run, tuple(tensors), {}, use_reentrant=False, backend=self._backend, offload=True
+            )
+        return list(outputs), self._out_spec
+
+    def _layers(self, index: int, spec: Spec, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        name, layers, slots = self._slices[index]
+        hosts = unique(slots)
+        copies = {
+            id(host): copy for host, copy in zip(hosts, load(self._device, hosts), strict=True)
+        }
+        args, kwargs = unflatten(spec, tensors)
+        returned_tuple = True
+        with substituted(slots, copies):
+            for layer in layers:
+                out = layer(*args, **kwargs)
+                returned_tuple = isinstance(out, tuple)
+                args = out if returned_tuple else (out,)
+        if not is_recomputing():
+            write_back(slots, copies)
+        outputs, self._out_spec = flatten(args, {}, where=f"a value returned by {name}")
+        self._returned_tuple = returned_tuple
+        return tuple(outputs)
