@@ -26,7 +26,7 @@ from accel import Accelerator
 
 from ._copies import Slots, load, slots_of, substituted, unique
 from ._errors import OffloadStateError
-from ._handle import ParameterOffload, _weak
+from ._handle import ParameterOffload, _strong, _weak
 from ._registry import ACTIVE, ACTIVE_LOCK
 from ._state import State
 
@@ -90,8 +90,8 @@ class CopiedOffload(ParameterOffload):
             for table, name, tensor in self._buffers:
                 table[name] = tensor.to(device)
         self._handles = [
-            module.register_forward_pre_hook(_strong_copied(self), prepend=True),
-            module.register_forward_hook(_weak(self, "_root_post"), always_call=True),
+            module.register_forward_pre_hook(_strong(self), prepend=True),
+            module.register_forward_hook(_weak(self, "_root_post_forward"), always_call=True),
         ]
         for unit in self._units:
             assert unit.module is not None
@@ -161,14 +161,14 @@ class CopiedOffload(ParameterOffload):
         if unit.active:
             unit.active.pop().close()
 
-    def _root_pre(self, module: nn.Module, args: Any) -> None:
+    def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
         if self._depth == 0:
             self.recover()
         self._depth += 1
         if self._depth == 1:
             self._load(self._rest)
 
-    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _root_post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self._depth -= 1
         if self._depth == 0:
             self._unload(self._rest)
@@ -222,12 +222,3 @@ class CopiedOffload(ParameterOffload):
             ref = ACTIVE.get(self.module)
             if ref is not None and ref() is self:
                 del ACTIVE[self.module]
-
-
-def _strong_copied(owner: CopiedOffload) -> Any:
-    """The root's forward pre-hook, holding ``owner`` (see ``_handle._strong``)."""
-
-    def hook(module: nn.Module, args: Any) -> None:
-        owner._root_pre(module, args)
-
-    return hook
