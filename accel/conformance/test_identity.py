@@ -114,7 +114,8 @@ def _fresh_process_check(name: str, device_type: str) -> dict[str, object]:
         capture_output=True,
         text=True,
         env=environment,
-        timeout=120,
+        # Generous: a cold `import torch` (and a vendor's library) on a loaded CI machine.
+        timeout=600,
         check=False,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
