@@ -1,8 +1,9 @@
-"""Single-device and DDP strategies: the backend's device, collectives and step boundaries.
+"""The Trainer's single-device and DDP strategies: the backend's device, collectives, steps.
 
-Both call ``backend.mark_step()`` where Lightning's step ends: after backward, after the
-optimizer step, and before every validation, test and predict step (Gaudi's lazy mode and
-XLA flush their graph there; a no-op on eager backends).
+Both end Lightning's steps where :meth:`~._mapping.BackendMapping.end_of_step` says:
+``backend.mark_step()`` after backward, after the optimizer step, and before every
+validation, test and predict step (Gaudi's lazy mode and XLA flush their graph there; a
+no-op on eager backends). Fabric's strategies are in :mod:`._fabric_strategies`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..._protocol import Accelerator
 from .._backend import resolve_backend
-from ._accelerator import AccelAccelerator, lightning_error
+from ._bound import claim_accelerator
+from ._mapping import BackendMapping
 
 if TYPE_CHECKING:
     from torch.optim.optimizer import Optimizer
@@ -33,21 +35,18 @@ class _StepBoundaries(Strategy):
         """The accel backend this strategy runs on."""
         return self._accel_backend
 
+    @property
+    def mapping(self) -> BackendMapping:
+        """What the backend means for Lightning (devices, precision, step boundaries)."""
+        return BackendMapping(self._accel_backend, "Trainer")
+
     def _claim_accelerator(self) -> None:
-        accelerator = self.accelerator
-        if isinstance(accelerator, AccelAccelerator):
-            if accelerator.backend is not self._accel_backend:
-                raise lightning_error(
-                    f"the strategy runs on the {self._accel_backend.name} backend but the "
-                    f"accelerator on {accelerator.backend.name}. Give both the same backend "
-                    "(trainer_kwargs(backend) does)."
-                )
-            accelerator._accel_strategy = self
+        claim_accelerator(self, self.accelerator, self._accel_backend)
 
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         """Flush the backward graph (``backend.mark_step()``)."""
         super().post_backward(closure_loss)
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
 
     def optimizer_step(
         self,
@@ -58,22 +57,22 @@ class _StepBoundaries(Strategy):
     ) -> Any:
         """Step the optimizer, then flush the update (``backend.mark_step()``)."""
         result = super().optimizer_step(optimizer, closure, model, **kwargs)
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return result
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending work (``backend.mark_step()``), then run the validation step."""
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return super().validation_step(*args, **kwargs)
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending work (``backend.mark_step()``), then run the test step."""
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return super().test_step(*args, **kwargs)
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending work (``backend.mark_step()``), then run the predict step."""
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return super().predict_step(*args, **kwargs)
 
 
@@ -128,7 +127,7 @@ class AccelDDPStrategy(_StepBoundaries, DDPStrategy):
 
     def __init__(self, backend: str | Accelerator | None = None, **kwargs: Any) -> None:
         self._accel_backend = resolve_backend(backend, "accel.integrations.lightning")
-        kwargs.setdefault("process_group_backend", self._accel_backend.communication_backend)
+        kwargs.setdefault("process_group_backend", self.mapping.process_group_backend)
         super().__init__(**kwargs)
 
     def setup_environment(self) -> None:

@@ -1,0 +1,133 @@
+"""Fabric's single-device and DDP strategies: the backend's device, collectives and steps.
+
+Fabric routes ``fabric.backward(loss)`` through ``strategy.backward`` and every
+``optimizer.step()`` of a set-up optimizer through ``strategy.optimizer_step``; both
+strategies end the step there (``backend.mark_step()``, see
+:meth:`~._mapping.BackendMapping.end_of_step`). Because they override ``backward``,
+Fabric refuses a bare ``loss.backward()`` on a set-up module's output, as it does for
+its own plugins that need ``fabric.backward``: on a lazy backend that call would skip
+the graph cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.precision import MixedPrecision, Precision
+from lightning.fabric.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from lightning.fabric.utilities.types import Optimizable
+from torch.nn import Module
+
+from ..._protocol import Accelerator
+from .._backend import resolve_backend
+from ._bound import claim_accelerator
+from ._fabric_precision import AccelFabricPrecision
+from ._mapping import BackendMapping
+
+__all__ = ["AccelFabricDDPStrategy", "AccelFabricSingleDeviceStrategy"]
+
+_SUBSYSTEM = "accel.integrations.lightning"
+
+
+class _FabricStepBoundaries(Strategy):
+    """``mark_step`` where Fabric's step ends, and precision on the backend's device type."""
+
+    _accel_backend: Accelerator
+
+    @property
+    def backend(self) -> Accelerator:
+        """The accel backend this strategy runs on."""
+        return self._accel_backend
+
+    @property
+    def mapping(self) -> BackendMapping:
+        """What the backend means for Lightning (devices, precision, step boundaries)."""
+        return BackendMapping(self._accel_backend, "Fabric")
+
+    @property
+    def precision(self) -> Precision:
+        """The precision plugin (Fabric's ``MixedPrecision`` is moved to the backend's device)."""
+        return self._precision if self._precision is not None else Precision()
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        # Fabric builds MixedPrecision(device="cuda") for precision="bf16-mixed" with an
+        # accelerator it does not know; the same precision on the backend's device type.
+        device = self.mapping.autocast_device_type
+        if type(precision) is MixedPrecision and precision.device != device:
+            precision = AccelFabricPrecision(precision.precision, device)
+        self._precision = precision
+
+    def backward(self, tensor: torch.Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Run backward through the precision plugin, then flush it (``backend.mark_step()``)."""
+        super().backward(tensor, module, *args, **kwargs)
+        self.mapping.end_of_step()
+
+    def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
+        """Step the optimizer, then flush the update (``backend.mark_step()``)."""
+        result = super().optimizer_step(optimizer, **kwargs)
+        self.mapping.end_of_step()
+        return result
+
+
+class AccelFabricSingleDeviceStrategy(_FabricStepBoundaries, SingleDeviceStrategy):
+    """Fabric's single-device strategy on an accel backend's device.
+
+    Registered in Fabric's registry as ``strategy="accel_single_device"``.
+
+    Args:
+        backend: A backend name, a backend object, or ``None`` for ``accel.get_backend()``.
+        device: The device to train on; default ``backend.device()``. A device of another
+            type (the host, for a backend whose device torch cannot allocate here) keeps
+            every step boundary and the autocast on the backend.
+        **kwargs: Passed to Fabric's ``SingleDeviceStrategy`` (``checkpoint_io``, ...).
+    """
+
+    def __init__(
+        self,
+        backend: str | Accelerator | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._accel_backend = resolve_backend(backend, _SUBSYSTEM)
+        self.device_was_given = device is not None
+        chosen = self._accel_backend.device() if device is None else torch.device(device)
+        super().__init__(device=chosen, **kwargs)
+
+    def setup_environment(self) -> None:
+        """Tie the accelerator to this strategy, then set the device up."""
+        claim_accelerator(self, self.accelerator, self._accel_backend)
+        super().setup_environment()
+
+
+class AccelFabricDDPStrategy(_FabricStepBoundaries, DDPStrategy):
+    """Fabric's DDP on an accel backend: its collectives, no CUDA streams.
+
+    Registered in Fabric's registry as ``strategy="accel_ddp"``. The process group uses
+    ``backend.communication_backend`` (``gloo``, ``nccl``, ``hccl``...) after
+    ``backend.prepare_distributed()``; the module is wrapped in
+    ``DistributedDataParallel`` without ``device_ids`` (DDP takes the module's device)
+    and so without the side CUDA stream Fabric 2.6 creates for any non-CPU device.
+    Processes come from ``torchrun`` (or another cluster environment) or from
+    ``fabric.launch()``, as with Fabric's ``"ddp"``.
+
+    Args:
+        backend: A backend name, a backend object, or ``None`` for ``accel.get_backend()``.
+        **kwargs: Passed to Fabric's ``DDPStrategy`` (``process_group_backend`` overrides
+            the backend's, ``timeout``, ``start_method``, ``find_unused_parameters``...).
+    """
+
+    def __init__(self, backend: str | Accelerator | None = None, **kwargs: Any) -> None:
+        self._accel_backend = resolve_backend(backend, _SUBSYSTEM)
+        kwargs.setdefault("process_group_backend", self.mapping.process_group_backend)
+        super().__init__(**kwargs)
+
+    def setup_environment(self) -> None:
+        """Tie the accelerator to this strategy, prepare the backend, then set up DDP."""
+        claim_accelerator(self, self.accelerator, self._accel_backend)
+        self._accel_backend.prepare_distributed()
+        super().setup_environment()
+
+    def _determine_ddp_device_ids(self) -> list[int] | None:
+        return None  # DDP takes the device from the module, on every backend
