@@ -76,7 +76,7 @@ class BackendMapping:
         Raises:
             LightningSetupError: Anything else, or an index the backend does not have.
         """
-        backend = self.backend
+        backend, given = self.backend, devices
         if isinstance(devices, str):
             text = devices.strip()
             if "," in text or text.startswith("["):
@@ -97,7 +97,7 @@ class BackendMapping:
             if indices and all(0 <= index < max(count, 1) for index in indices):
                 return indices
         raise lightning_error(
-            f"devices={devices!r} is not a device selection for the {backend.name} backend "
+            f"devices={given!r} is not a device selection for the {backend.name} backend "
             f"({backend.device_count()} device(s) in this process). Pass a positive number "
             "of processes, -1 for every device, or a list of device indices."
         )

@@ -1,0 +1,223 @@
+"""Fabric through accel.integrations.lightning, with the real Lightning Fabric, in this process.
+
+Hand-written loops (``common.fabric_sgd``) on the cpu and recording backends and on the
+Gaudi stand-in; two-process Fabric DDP runs in test_processes.py, Fabric on XLA in
+test_fabric_xla.py.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+import accel
+
+pytest.importorskip("lightning", reason="Lightning is not installed (pip install '.[lightning]')")
+
+from lightning.fabric import Fabric
+from lightning.fabric.accelerators import ACCELERATOR_REGISTRY
+from lightning.fabric.strategies import STRATEGY_REGISTRY, SingleDeviceStrategy
+
+from accel.integrations.lightning import (
+    AccelFabricAccelerator,
+    AccelFabricDDPStrategy,
+    AccelFabricPrecision,
+    AccelFabricSingleDeviceStrategy,
+    LightningSetupError,
+    fabric_kwargs,
+    fabric_precision_plugin,
+)
+
+
+def _trained(common: ModuleType, arguments: dict[str, Any], **loop: Any) -> tuple[Any, Any]:
+    model = common.make_model()
+    fabric = common.fabric_sgd(arguments, model, common.batches(), **loop)
+    return fabric, model
+
+
+def _assert_equal_to_plain(common: ModuleType, model: torch.nn.Module) -> None:
+    reference = common.plain_sgd(common.make_model(), common.batches())
+    for (name, got), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(got, expected), name
+
+
+@pytest.mark.parametrize("route", ["fabric_kwargs", "registered name"])
+def test_fabric_on_cpu_equals_a_plain_loop(common: ModuleType, route: str) -> None:
+    if route == "fabric_kwargs":
+        arguments = fabric_kwargs("cpu")
+    else:  # the host CPU is eager: Fabric's own single-device strategy runs it right
+        arguments = {"accelerator": "accel", "devices": 1}
+    fabric, model = _trained(common, arguments)
+    assert isinstance(fabric.accelerator, AccelFabricAccelerator)
+    assert fabric.accelerator.backend is accel.get_backend()
+    expected = AccelFabricSingleDeviceStrategy if route == "fabric_kwargs" else SingleDeviceStrategy
+    assert type(fabric.strategy) is expected
+    _assert_equal_to_plain(common, model)
+
+
+@pytest.mark.parametrize("route", ["fabric_kwargs", "registered names"])
+def test_the_recording_backend_sees_mark_step_per_backward_and_step(
+    common: ModuleType, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    monkeypatch.setenv("ACCEL", "recording")
+    backend = accel.get_backend()
+    backend.clear()
+    if route == "fabric_kwargs":
+        arguments = fabric_kwargs()
+    else:
+        arguments = {"accelerator": "accel", "strategy": "accel_single_device", "devices": 1}
+    seen: list[tuple[str, int]] = []
+    fabric, model = _trained(
+        common, arguments, note=lambda where: seen.append((where, backend.count("mark_step")))
+    )
+    assert fabric.strategy.backend is fabric.accelerator.backend is backend
+    expected = []
+    for step in range(common.STEPS):  # one after backward, one after the optimizer step
+        expected += [("backward", 2 * step + 1), ("step", 2 * step + 2)]
+    assert seen == expected
+    backend.assert_order("set_device", "mark_step")  # launch() set the device up first
+    _assert_equal_to_plain(common, model)
+
+
+def test_the_gaudi_stand_in_trains_lazily_under_fabric(
+    common: ModuleType, habana_double: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    backend = accel.get_backend("hpu")
+    assert backend.is_lazy
+    # torch without Habana's bridge cannot hold hpu tensors: the arithmetic runs on the
+    # host, while the step boundaries, device setup and autocast go to the Gaudi double.
+    arguments = {
+        "accelerator": AccelFabricAccelerator(backend),
+        "strategy": AccelFabricSingleDeviceStrategy(backend, device="cpu"),
+        "plugins": [fabric_precision_plugin(backend, "bf16-mixed")],
+    }
+    habana_double.CALLS.clear()
+    seen: list[dict[str, Any]] = []
+    _, model = _trained(common, arguments, seen=seen)
+
+    assert len(habana_double.call_args("core.mark_step")) == 2 * common.STEPS
+    assert len(seen) == common.STEPS
+    assert all(step["hpu"] == (True, torch.bfloat16) for step in seen), seen
+    assert not any(step["cpu"][0] or step["cuda"][0] for step in seen), seen
+    _assert_equal_to_plain(common, model)  # hpu autocast leaves host arithmetic alone
+
+
+@pytest.mark.parametrize("route", ["fabric_kwargs", "registered names"])
+def test_bf16_mixed_autocasts_on_the_backends_device(
+    common: ModuleType, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    monkeypatch.setenv("ACCEL", "recording")
+    if route == "fabric_kwargs":
+        arguments: dict[str, Any] = fabric_kwargs(precision="bf16-mixed")
+    else:  # Fabric itself would build MixedPrecision(device="cuda") for "accel"
+        arguments = {
+            "accelerator": "accel",
+            "strategy": "accel_single_device",
+            "precision": "bf16-mixed",
+            "devices": 1,
+        }
+    seen: list[dict[str, Any]] = []
+    fabric, _ = _trained(common, arguments, seen=seen)
+
+    assert isinstance(fabric.strategy.precision, AccelFabricPrecision)
+    assert fabric.strategy.precision.device == "cpu"
+    assert len(seen) == common.STEPS
+    for step in seen:
+        assert step["cpu"] == (True, torch.bfloat16)
+        assert not step["cuda"][0]
+        assert step["out_dtype"] == torch.bfloat16
+
+
+def test_16_mixed_scales_on_the_backends_device_where_it_computes_in_fp16(
+    habana_double: ModuleType,
+) -> None:
+    plugin = fabric_precision_plugin("cpu", "16-mixed")
+    assert isinstance(plugin, AccelFabricPrecision) and plugin.device == "cpu"
+    assert isinstance(plugin.scaler, torch.amp.GradScaler)
+    assert plugin.scaler._device == "cpu"
+    hpu = fabric_precision_plugin("hpu", "16-mixed")
+    assert isinstance(hpu, AccelFabricPrecision) and hpu.scaler._device == "hpu"
+    assert type(fabric_precision_plugin("cpu")).__name__ == "Precision"
+
+    habana_double.FP16_SUPPORTED = False  # Gaudi1
+    with pytest.raises(LightningSetupError, match="needs float16, which the hpu backend"):
+        fabric_precision_plugin("hpu", "16-mixed")
+
+
+def test_only_inputs_on_the_autocast_device_are_cast() -> None:
+    plugin = AccelFabricPrecision("bf16-mixed", "meta")
+    host, device = torch.ones(2), torch.ones(2, device="meta")
+    converted = plugin.convert_input((host, {"x": device, "index": torch.ones(2, dtype=torch.long)}))
+    assert converted[0].dtype == torch.float32
+    assert converted[1]["x"].dtype == torch.bfloat16
+    assert converted[1]["index"].dtype == torch.long
+
+
+def test_accel_is_registered_in_fabrics_registries() -> None:
+    assert "accel" in ACCELERATOR_REGISTRY
+    assert ACCELERATOR_REGISTRY["accel"]["accelerator"] is AccelFabricAccelerator
+    assert STRATEGY_REGISTRY["accel_single_device"]["strategy"] is AccelFabricSingleDeviceStrategy
+    assert STRATEGY_REGISTRY["accel_ddp"]["strategy"] is AccelFabricDDPStrategy
+
+
+def test_fabric_kwargs_builds_ddp_with_the_backends_collectives() -> None:
+    arguments = fabric_kwargs("cpu", devices=2)
+    strategy = arguments["strategy"]
+    assert isinstance(strategy, AccelFabricDDPStrategy)
+    assert strategy.process_group_backend == "gloo"
+    assert strategy._determine_ddp_device_ids() is None  # no CUDA side stream
+
+
+def test_fabrics_own_strategy_is_refused_for_a_device_backend(
+    common: ModuleType, habana_double: ModuleType
+) -> None:
+    # Fabric gives an accelerator it does not know SingleDeviceStrategy("cpu").
+    with pytest.raises(LightningSetupError, match="Lightning chose device cpu but the hpu") as error:
+        _trained(common, {"accelerator": AccelFabricAccelerator("hpu"), "devices": 1})
+    assert "Fabric(**accel.integrations.lightning.fabric_kwargs(...))" in str(error.value)
+
+
+def test_a_bare_loss_backward_is_refused(common: ModuleType) -> None:
+    with common.framework_warnings():
+        fabric = Fabric(**fabric_kwargs("cpu"))
+        module = fabric.setup(common.make_model())
+        x, y = common.batches()[0]
+        loss = torch.nn.functional.mse_loss(module(x), y)
+        with pytest.raises(RuntimeError, match="requires you to call `fabric.backward"):
+            loss.backward()
+
+
+def test_a_strategy_and_accelerator_on_different_backends_are_refused(common: ModuleType) -> None:
+    arguments = {
+        "accelerator": AccelFabricAccelerator("cpu"),
+        "strategy": AccelFabricSingleDeviceStrategy("recording"),
+    }
+    with pytest.raises(LightningSetupError, match="runs on the recording backend but the acc"):
+        _trained(common, arguments)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: fabric_kwargs(devices=0), "devices=0 is not a device selection"),
+        (lambda: fabric_kwargs(devices="[3]"), r"devices='\[3\]' is not a device selection"),
+        (lambda: fabric_kwargs(precision="64-true"), "precision='64-true' is not supported"),
+    ],
+)
+def test_bad_arguments_say_what_to_pass(call: Any, message: str) -> None:
+    with pytest.raises(LightningSetupError, match=message):
+        call()
+
+
+def test_fabric_and_trainer_accelerators_are_separate_classes_per_backend() -> None:
+    from accel.integrations.lightning import AccelAccelerator
+
+    fabric, trainer = AccelFabricAccelerator("cpu"), AccelAccelerator("cpu")
+    assert type(fabric).__name__ == "AccelFabricAccelerator[cpu]"
+    assert type(fabric) is type(AccelFabricAccelerator("cpu")) and type(fabric) is not type(trainer)
+    assert repr(fabric) == "AccelFabricAccelerator(backend='cpu')"
+    assert type(fabric).get_parallel_devices(2) == [torch.device("cpu")] * 2
