@@ -160,7 +160,8 @@ def fabric_sgd(
         if seen is not None:
             model.register_forward_hook(lambda module, args, out: seen.append(autocast_state(out)))
         module, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
-        for x, y in data:
+        for batch in data:
+            x, y = fabric.to_device(batch)
             optimizer.zero_grad()
             fabric.backward(nn.functional.mse_loss(module(x).float(), y))
             if note is not None:
