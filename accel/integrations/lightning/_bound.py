@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from lightning.fabric.accelerators import Accelerator as FabricAccelerator
+from lightning.fabric.accelerators.accelerator import Accelerator as FabricAccelerator
 
 from ..._errors import AccelError
 from ..._protocol import Accelerator

@@ -74,4 +74,4 @@ def fabric_precision_plugin(
     mixed = mapping.mixed_precision(precision)
     if mixed is None:
         return Precision()
-    return AccelFabricPrecision(mixed, mapping.autocast_device_type)  # type: ignore[arg-type]
+    return AccelFabricPrecision(mixed, mapping.autocast_device_type)

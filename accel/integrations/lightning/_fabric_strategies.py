@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision, Precision
-from lightning.fabric.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from lightning.fabric.strategies.ddp import DDPStrategy
+from lightning.fabric.strategies.single_device import SingleDeviceStrategy
+from lightning.fabric.strategies.strategy import Strategy
 from lightning.fabric.utilities.types import Optimizable
 from torch.nn import Module
 
@@ -23,7 +25,7 @@ from ..._protocol import Accelerator
 from .._backend import resolve_backend
 from ._bound import claim_accelerator
 from ._fabric_precision import AccelFabricPrecision
-from ._mapping import BackendMapping
+from ._mapping import BackendMapping, Mixed
 
 __all__ = ["AccelFabricDDPStrategy", "AccelFabricSingleDeviceStrategy"]
 
@@ -56,10 +58,13 @@ class _FabricStepBoundaries(Strategy):
         # accelerator it does not know; the same precision on the backend's device type.
         device = self.mapping.autocast_device_type
         if type(precision) is MixedPrecision and precision.device != device:
-            precision = AccelFabricPrecision(precision.precision, device)
+            half: Mixed = "16-mixed" if precision.precision == "16-mixed" else "bf16-mixed"
+            precision = AccelFabricPrecision(half, device)
         self._precision = precision
 
-    def backward(self, tensor: torch.Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+    def backward(
+        self, tensor: torch.Tensor, module: Module | None, *args: Any, **kwargs: Any
+    ) -> None:
         """Run backward through the precision plugin, then flush it (``backend.mark_step()``)."""
         super().backward(tensor, module, *args, **kwargs)
         self.mapping.end_of_step()

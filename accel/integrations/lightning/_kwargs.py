@@ -35,7 +35,12 @@ def _front_kwargs(
     else:
         strategy = (AccelDDPStrategy if trainer else AccelFabricDDPStrategy)(resolved)
     accelerator = (AccelAccelerator if trainer else AccelFabricAccelerator)(resolved)
-    return {"accelerator": accelerator, "strategy": strategy, "devices": devices, "plugins": [plugin]}
+    return {
+        "accelerator": accelerator,
+        "strategy": strategy,
+        "devices": devices,
+        "plugins": [plugin],
+    }
 
 
 def trainer_kwargs(

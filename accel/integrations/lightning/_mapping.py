@@ -23,6 +23,7 @@ from ..._protocol import Accelerator
 __all__ = ["PRECISIONS", "BackendMapping", "LightningSetupError"]
 
 Front = Literal["Trainer", "Fabric"]
+Mixed = Literal["16-mixed", "bf16-mixed"]
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 """The precisions the adapters build plugins for (``32``, ``"bf16"`` and ``16`` are aliases)."""
@@ -202,7 +203,7 @@ class BackendMapping:
 
     # Precision ---------------------------------------------------------------------------
 
-    def mixed_precision(self, precision: Any) -> str | None:
+    def mixed_precision(self, precision: Any) -> Mixed | None:
         """Return ``"bf16-mixed"`` or ``"16-mixed"``, or ``None`` for ``"32-true"``.
 
         Args:
@@ -228,7 +229,7 @@ class BackendMapping:
                 f"{backend.name} backend does not compute in. Use precision='32-true' or the "
                 "other mixed precision."
             )
-        return str(name)
+        return "bf16-mixed" if bf16 else "16-mixed"
 
     @property
     def autocast_device_type(self) -> str:

@@ -37,4 +37,4 @@ def precision_plugin(
     mixed = mapping.mixed_precision(precision)
     if mixed is None:
         return Precision()
-    return MixedPrecision(mixed, mapping.autocast_device_type)  # type: ignore[arg-type]
+    return MixedPrecision(mixed, mapping.autocast_device_type)

@@ -1,4 +1,4 @@
-"""Run alone (``python one_process.py OUT [deepspeed]``, ``ACCEL`` set): both frameworks, one process.
+"""Run alone (``python one_process.py OUT [deepspeed]``, ``ACCEL`` set): both frameworks.
 
 Trains the shared model with Lightning's Trainer (``trainer_kwargs()``) and Fabric
 (``fabric_kwargs()``), and with DeepSpeed ZeRO stages 1, 2 and 3 (3 also with optimizer
