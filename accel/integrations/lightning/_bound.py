@@ -1,4 +1,4 @@
-"""Lightning accelerators bound to one accel backend, for the Trainer and for Fabric.
+"""Lightning accelerators and strategies bound to one accel backend, for Trainer and Fabric.
 
 Lightning calls ``is_available``, ``parse_devices`` and ``get_parallel_devices`` on the
 accelerator's *class* (the Trainer's ``_AcceleratorConnector`` and Fabric's
@@ -7,6 +7,11 @@ therefore gets its own subclass, made once and cached: ``AccelAccelerator("cpu")
 instance of ``AccelAccelerator[cpu]``, whose class methods answer for ``cpu`` (a
 subclass ``MyAccelerator("cpu")`` likewise gets ``MyAccelerator[cpu]``). The answers
 themselves come from :class:`~._mapping.BackendMapping`.
+
+The strategy side: :class:`OnBackend` (the backend, its mapping, claiming the
+accelerator) and the constructors and setups both front ends' single-device and DDP
+strategies share (:class:`SingleDeviceOnBackend`, :class:`DDPOnBackend`); the front
+ends add only their own step hooks.
 """
 
 from __future__ import annotations
@@ -147,6 +152,68 @@ def _bound_class(root: type, backend: Accelerator) -> type:
     )
     _bound_classes[key] = (backend, bound)
     return bound
+
+
+class OnBackend:
+    """What an accel strategy of either front end knows: its backend and what it means."""
+
+    _accel_backend: Accelerator
+    _front: ClassVar[Front] = "Trainer"
+    device_was_given = False
+
+    def _bind(
+        self, backend: str | Accelerator | None, device: torch.device | str | None = None
+    ) -> torch.device:
+        """Run on ``backend``; return the device to train on (``device``, else the backend's)."""
+        self._accel_backend = resolve_backend(backend, _SUBSYSTEM)
+        self.device_was_given = device is not None
+        return self._accel_backend.device() if device is None else torch.device(device)
+
+    @property
+    def backend(self) -> Accelerator:
+        """The accel backend this strategy runs on."""
+        return self._accel_backend
+
+    @property
+    def mapping(self) -> BackendMapping:
+        """What the backend means for Lightning (devices, precision, step boundaries)."""
+        return BackendMapping(self._accel_backend, self._front)
+
+    def _claim_accelerator(self) -> None:
+        """Tie the strategy's accelerator (an accel one) to this strategy."""
+        claim_accelerator(self, getattr(self, "accelerator", None), self._accel_backend)
+
+
+class SingleDeviceOnBackend(OnBackend):
+    """The constructor and setup of both front ends' single-device strategies."""
+
+    def __init__(
+        self,
+        backend: str | Accelerator | None = None,
+        device: torch.device | str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(device=self._bind(backend, device), **kwargs)  # type: ignore[call-arg]
+
+    def setup_environment(self) -> None:
+        """Tie the accelerator to this strategy, then set the device up."""
+        self._claim_accelerator()
+        super().setup_environment()  # type: ignore[misc]
+
+
+class DDPOnBackend(OnBackend):
+    """The constructor and setup of both front ends' DDP strategies."""
+
+    def __init__(self, backend: str | Accelerator | None = None, **kwargs: Any) -> None:
+        self._bind(backend)
+        kwargs.setdefault("process_group_backend", self.mapping.process_group_backend)
+        super().__init__(**kwargs)
+
+    def setup_environment(self) -> None:
+        """Tie the accelerator to this strategy, prepare the backend, then set up DDP."""
+        self._claim_accelerator()
+        self._accel_backend.prepare_distributed()
+        super().setup_environment()  # type: ignore[misc]
 
 
 def claim_accelerator(strategy: object, accelerator: object, backend: Accelerator) -> None:

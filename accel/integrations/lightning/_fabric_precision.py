@@ -57,18 +57,18 @@ def fabric_precision_plugin(
 ) -> Precision:
     """Return Fabric's precision plugin for ``precision`` on ``backend``'s device.
 
-    ``"32-true"`` is Fabric's plain ``Precision``; ``"bf16-mixed"`` and ``"16-mixed"``
-    are an :class:`AccelFabricPrecision` autocasting on ``backend.device_type``. The
-    Trainer's counterpart is :func:`precision_plugin`.
+    The Fabric counterpart of :func:`precision_plugin`, with the same arguments and
+    errors: Fabric's plain ``Precision`` for ``"32-true"``, an
+    :class:`AccelFabricPrecision` autocasting on ``backend.device_type`` for
+    ``"bf16-mixed"`` and ``"16-mixed"``.
 
     Args:
         backend: A backend name, a backend object, or ``None`` for ``accel.get_backend()``.
-        precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"`` (also ``32``,
-            ``"bf16"``, ``16``).
+        precision: As for :func:`precision_plugin` (``"32-true"``, ``"bf16-mixed"``,
+            ``"16-mixed"`` and their aliases).
 
     Raises:
-        LightningSetupError: Another precision, or a dtype the backend does not compute in
-            (``is_bf16_supported()``/``is_fp16_supported()`` is false).
+        LightningSetupError: See :func:`precision_plugin`.
     """
     mapping = BackendMapping(resolve_backend(backend, "accel.integrations.lightning"), "Fabric")
     mixed = mapping.mixed_precision(precision)

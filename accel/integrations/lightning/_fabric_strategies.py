@@ -11,7 +11,7 @@ the graph cut.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightning.fabric.plugins.precision import MixedPrecision, Precision
@@ -21,31 +21,17 @@ from lightning.fabric.strategies.strategy import Strategy
 from lightning.fabric.utilities.types import Optimizable
 from torch.nn import Module
 
-from ..._protocol import Accelerator
-from .._backend import resolve_backend
-from ._bound import claim_accelerator
+from ._bound import DDPOnBackend, OnBackend, SingleDeviceOnBackend
 from ._fabric_precision import AccelFabricPrecision
-from ._mapping import BackendMapping, Mixed
+from ._mapping import Front, Mixed
 
 __all__ = ["AccelFabricDDPStrategy", "AccelFabricSingleDeviceStrategy"]
 
-_SUBSYSTEM = "accel.integrations.lightning"
 
-
-class _FabricStepBoundaries(Strategy):
+class _FabricStepBoundaries(OnBackend, Strategy):
     """``mark_step`` where Fabric's step ends, and precision on the backend's device type."""
 
-    _accel_backend: Accelerator
-
-    @property
-    def backend(self) -> Accelerator:
-        """The accel backend this strategy runs on."""
-        return self._accel_backend
-
-    @property
-    def mapping(self) -> BackendMapping:
-        """What the backend means for Lightning (devices, precision, step boundaries)."""
-        return BackendMapping(self._accel_backend, "Fabric")
+    _front: ClassVar[Front] = "Fabric"
 
     @property
     def precision(self) -> Precision:
@@ -76,7 +62,9 @@ class _FabricStepBoundaries(Strategy):
         return result
 
 
-class AccelFabricSingleDeviceStrategy(_FabricStepBoundaries, SingleDeviceStrategy):
+class AccelFabricSingleDeviceStrategy(
+    _FabricStepBoundaries, SingleDeviceOnBackend, SingleDeviceStrategy
+):
     """Fabric's single-device strategy on an accel backend's device.
 
     Registered in Fabric's registry as ``strategy="accel_single_device"``.
@@ -89,24 +77,8 @@ class AccelFabricSingleDeviceStrategy(_FabricStepBoundaries, SingleDeviceStrateg
         **kwargs: Passed to Fabric's ``SingleDeviceStrategy`` (``checkpoint_io``, ...).
     """
 
-    def __init__(
-        self,
-        backend: str | Accelerator | None = None,
-        device: torch.device | str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._accel_backend = resolve_backend(backend, _SUBSYSTEM)
-        self.device_was_given = device is not None
-        chosen = self._accel_backend.device() if device is None else torch.device(device)
-        super().__init__(device=chosen, **kwargs)
 
-    def setup_environment(self) -> None:
-        """Tie the accelerator to this strategy, then set the device up."""
-        claim_accelerator(self, self.accelerator, self._accel_backend)
-        super().setup_environment()
-
-
-class AccelFabricDDPStrategy(_FabricStepBoundaries, DDPStrategy):
+class AccelFabricDDPStrategy(_FabricStepBoundaries, DDPOnBackend, DDPStrategy):
     """Fabric's DDP on an accel backend: its collectives, no CUDA streams.
 
     Registered in Fabric's registry as ``strategy="accel_ddp"``. The process group uses
@@ -122,17 +94,6 @@ class AccelFabricDDPStrategy(_FabricStepBoundaries, DDPStrategy):
         **kwargs: Passed to Fabric's ``DDPStrategy`` (``process_group_backend`` overrides
             the backend's, ``timeout``, ``start_method``, ``find_unused_parameters``...).
     """
-
-    def __init__(self, backend: str | Accelerator | None = None, **kwargs: Any) -> None:
-        self._accel_backend = resolve_backend(backend, _SUBSYSTEM)
-        kwargs.setdefault("process_group_backend", self.mapping.process_group_backend)
-        super().__init__(**kwargs)
-
-    def setup_environment(self) -> None:
-        """Tie the accelerator to this strategy, prepare the backend, then set up DDP."""
-        claim_accelerator(self, self.accelerator, self._accel_backend)
-        self._accel_backend.prepare_distributed()
-        super().setup_environment()
 
     def _determine_ddp_device_ids(self) -> list[int] | None:
         return None  # DDP takes the device from the module, on every backend

@@ -75,21 +75,20 @@ def fabric_kwargs(
     devices: int | str | list[int] = 1,
     precision: str | int = "32-true",
 ) -> dict[str, Any]:
-    """Return the ``Fabric`` arguments that run on ``backend``.
+    """Return the ``Fabric`` arguments that run on ``backend``: :func:`trainer_kwargs` for Fabric.
 
     ``Fabric(**fabric_kwargs())``: ``accelerator`` (an :class:`AccelFabricAccelerator`),
     ``strategy`` (:class:`AccelFabricSingleDeviceStrategy` for one process,
-    :class:`AccelFabricDDPStrategy` for several), ``devices``, and ``plugins`` (the
-    precision plugin from :func:`fabric_precision_plugin`). Do not pass ``precision=``
-    to Fabric as well. The Trainer's counterpart is :func:`trainer_kwargs`.
+    :class:`AccelFabricDDPStrategy` for several), ``devices``, and ``plugins`` (from
+    :func:`fabric_precision_plugin`); do not pass ``precision=`` to Fabric as well.
+    Arguments and errors are :func:`trainer_kwargs`'s.
 
     Args:
         backend: A backend name, a backend object, or ``None`` for ``accel.get_backend()``.
-        devices: Processes (an int, ``-1`` for every device) or device indices, as
-            Lightning takes them.
-        precision: ``"32-true"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        devices: As for :func:`trainer_kwargs`.
+        precision: As for :func:`trainer_kwargs`.
 
     Raises:
-        LightningSetupError: ``devices`` or ``precision`` the backend cannot run.
+        LightningSetupError: See :func:`trainer_kwargs`.
     """
     return _front_kwargs("Fabric", backend, devices, precision)

@@ -14,10 +14,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
 from torch.nn.parallel import DistributedDataParallel
 
-from ..._protocol import Accelerator
-from .._backend import resolve_backend
-from ._bound import claim_accelerator
-from ._mapping import BackendMapping
+from ._bound import DDPOnBackend, OnBackend, SingleDeviceOnBackend
 
 if TYPE_CHECKING:
     from torch.optim.optimizer import Optimizer
@@ -25,23 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["AccelDDPStrategy", "AccelSingleDeviceStrategy"]
 
 
-class _StepBoundaries(Strategy):
+class _StepBoundaries(OnBackend, Strategy):
     """``mark_step`` at Lightning's step boundaries; shared by both strategies."""
-
-    _accel_backend: Accelerator
-
-    @property
-    def backend(self) -> Accelerator:
-        """The accel backend this strategy runs on."""
-        return self._accel_backend
-
-    @property
-    def mapping(self) -> BackendMapping:
-        """What the backend means for Lightning (devices, precision, step boundaries)."""
-        return BackendMapping(self._accel_backend, "Trainer")
-
-    def _claim_accelerator(self) -> None:
-        claim_accelerator(self, self.accelerator, self._accel_backend)
 
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         """Flush the backward graph (``backend.mark_step()``)."""
@@ -76,7 +58,7 @@ class _StepBoundaries(Strategy):
         return super().predict_step(*args, **kwargs)
 
 
-class AccelSingleDeviceStrategy(_StepBoundaries, SingleDeviceStrategy):
+class AccelSingleDeviceStrategy(_StepBoundaries, SingleDeviceOnBackend, SingleDeviceStrategy):
     """Lightning's single-device strategy on an accel backend's device.
 
     Registered as ``strategy="accel_single_device"``.
@@ -91,24 +73,8 @@ class AccelSingleDeviceStrategy(_StepBoundaries, SingleDeviceStrategy):
 
     strategy_name = "accel_single_device"
 
-    def __init__(
-        self,
-        backend: str | Accelerator | None = None,
-        device: torch.device | str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._accel_backend = resolve_backend(backend, "accel.integrations.lightning")
-        self.device_was_given = device is not None
-        chosen = self._accel_backend.device() if device is None else torch.device(device)
-        super().__init__(device=chosen, **kwargs)
 
-    def setup_environment(self) -> None:
-        """Tie the accelerator to this strategy, then set the device up."""
-        self._claim_accelerator()
-        super().setup_environment()
-
-
-class AccelDDPStrategy(_StepBoundaries, DDPStrategy):
+class AccelDDPStrategy(_StepBoundaries, DDPOnBackend, DDPStrategy):
     """Lightning's DDP on an accel backend: its collectives, no CUDA streams.
 
     Registered as ``strategy="accel_ddp"``. The process group uses
@@ -124,17 +90,6 @@ class AccelDDPStrategy(_StepBoundaries, DDPStrategy):
     """
 
     strategy_name = "accel_ddp"
-
-    def __init__(self, backend: str | Accelerator | None = None, **kwargs: Any) -> None:
-        self._accel_backend = resolve_backend(backend, "accel.integrations.lightning")
-        kwargs.setdefault("process_group_backend", self.mapping.process_group_backend)
-        super().__init__(**kwargs)
-
-    def setup_environment(self) -> None:
-        """Tie the accelerator to this strategy, prepare the backend, then set up DDP."""
-        self._claim_accelerator()
-        self._accel_backend.prepare_distributed()
-        super().setup_environment()
 
     def determine_ddp_device_ids(self) -> list[int] | None:
         """Return ``None``: DDP takes the device from the module, on every backend."""
