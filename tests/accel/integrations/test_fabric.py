@@ -33,15 +33,9 @@ from accel.integrations.lightning import (
 
 
 def _trained(common: ModuleType, arguments: dict[str, Any], **loop: Any) -> tuple[Any, Any]:
+    """Fabric after the shared loop on the shared model, and the model."""
     model = common.make_model()
-    fabric = common.fabric_sgd(arguments, model, common.batches(), **loop)
-    return fabric, model
-
-
-def _assert_equal_to_plain(common: ModuleType, model: torch.nn.Module) -> None:
-    reference = common.plain_sgd(common.make_model(), common.batches())
-    for (name, got), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
-        assert torch.equal(got, expected), name
+    return common.fabric_sgd(arguments, model, common.batches(), **loop), model
 
 
 @pytest.mark.parametrize("route", ["fabric_kwargs", "registered name"])
@@ -55,7 +49,7 @@ def test_fabric_on_cpu_equals_a_plain_loop(common: ModuleType, route: str) -> No
     assert fabric.accelerator.backend is accel.get_backend()
     expected = AccelFabricSingleDeviceStrategy if route == "fabric_kwargs" else SingleDeviceStrategy
     assert type(fabric.strategy) is expected
-    _assert_equal_to_plain(common, model)
+    common.assert_equal_to_plain(model)
 
 
 @pytest.mark.parametrize("route", ["fabric_kwargs", "registered names"])
@@ -79,73 +73,18 @@ def test_the_recording_backend_sees_mark_step_per_backward_and_step(
         expected += [("backward", 2 * step + 1), ("step", 2 * step + 2)]
     assert seen == expected
     backend.assert_order("set_device", "mark_step")  # launch() set the device up first
-    _assert_equal_to_plain(common, model)
+    common.assert_equal_to_plain(model)
 
 
-def test_the_gaudi_stand_in_trains_lazily_under_fabric(
-    common: ModuleType, habana_double: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
-    backend = accel.get_backend("hpu")
-    assert backend.is_lazy
-    # torch without Habana's bridge cannot hold hpu tensors: the arithmetic runs on the
-    # host, while the step boundaries, device setup and autocast go to the Gaudi double.
-    arguments = {
-        "accelerator": AccelFabricAccelerator(backend),
-        "strategy": AccelFabricSingleDeviceStrategy(backend, device="cpu"),
-        "plugins": [fabric_precision_plugin(backend, "bf16-mixed")],
-    }
-    habana_double.CALLS.clear()
-    seen: list[dict[str, Any]] = []
-    _, model = _trained(common, arguments, seen=seen)
+def test_fabrics_precision_plugins_are_fabrics_own_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.fabric.plugins.precision import Precision
 
-    assert len(habana_double.call_args("core.mark_step")) == 2 * common.STEPS
-    assert len(seen) == common.STEPS
-    assert all(step["hpu"] == (True, torch.bfloat16) for step in seen), seen
-    assert not any(step["cpu"][0] or step["cuda"][0] for step in seen), seen
-    _assert_equal_to_plain(common, model)  # hpu autocast leaves host arithmetic alone
-
-
-@pytest.mark.parametrize("route", ["fabric_kwargs", "registered names"])
-def test_bf16_mixed_autocasts_on_the_backends_device(
-    common: ModuleType, monkeypatch: pytest.MonkeyPatch, route: str
-) -> None:
-    monkeypatch.setenv("ACCEL", "recording")
-    if route == "fabric_kwargs":
-        arguments: dict[str, Any] = fabric_kwargs(precision="bf16-mixed")
-    else:  # Fabric itself would build MixedPrecision(device="cuda") for "accel"
-        arguments = {
-            "accelerator": "accel",
-            "strategy": "accel_single_device",
-            "precision": "bf16-mixed",
-            "devices": 1,
-        }
-    seen: list[dict[str, Any]] = []
-    fabric, _ = _trained(common, arguments, seen=seen)
-
+    assert type(fabric_precision_plugin("cpu", "32-true")) is Precision
+    assert isinstance(fabric_precision_plugin("cpu", "bf16-mixed"), AccelFabricPrecision)
+    monkeypatch.setenv("ACCEL", "recording")  # by name: the accel strategy swaps the plugin
+    fabric = Fabric(accelerator="accel", strategy="accel_single_device", precision="bf16-mixed")
     assert isinstance(fabric.strategy.precision, AccelFabricPrecision)
     assert fabric.strategy.precision.device == "cpu"
-    assert len(seen) == common.STEPS
-    for step in seen:
-        assert step["cpu"] == (True, torch.bfloat16)
-        assert not step["cuda"][0]
-        assert step["out_dtype"] == torch.bfloat16
-
-
-def test_16_mixed_scales_on_the_backends_device_where_it_computes_in_fp16(
-    habana_double: ModuleType,
-) -> None:
-    plugin = fabric_precision_plugin("cpu", "16-mixed")
-    assert isinstance(plugin, AccelFabricPrecision) and plugin.device == "cpu"
-    assert isinstance(plugin.scaler, torch.amp.GradScaler)
-    assert plugin.scaler._device == "cpu"
-    hpu = fabric_precision_plugin("hpu", "16-mixed")
-    assert isinstance(hpu, AccelFabricPrecision) and hpu.scaler._device == "hpu"
-    assert type(fabric_precision_plugin("cpu")).__name__ == "Precision"
-
-    habana_double.FP16_SUPPORTED = False  # Gaudi1
-    with pytest.raises(LightningSetupError, match="needs float16, which the hpu backend"):
-        fabric_precision_plugin("hpu", "16-mixed")
 
 
 def test_only_inputs_on_the_autocast_device_are_cast() -> None:
@@ -202,19 +141,6 @@ def test_a_strategy_and_accelerator_on_different_backends_are_refused(common: Mo
     }
     with pytest.raises(LightningSetupError, match="runs on the recording backend but the acc"):
         _trained(common, arguments)
-
-
-@pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        (lambda: fabric_kwargs(devices=0), "devices=0 is not a device selection"),
-        (lambda: fabric_kwargs(devices="[3]"), r"devices='\[3\]' is not a device selection"),
-        (lambda: fabric_kwargs(precision="64-true"), "precision='64-true' is not supported"),
-    ],
-)
-def test_bad_arguments_say_what_to_pass(call: Any, message: str) -> None:
-    with pytest.raises(LightningSetupError, match=message):
-        call()
 
 
 def test_fabric_and_trainer_accelerators_are_separate_classes_per_backend() -> None:

@@ -8,7 +8,6 @@ cut after every ``fabric.backward`` and optimizer step.
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 
 import pytest
@@ -20,20 +19,6 @@ pytest.importorskip("lightning", reason="Lightning is not installed (pip install
 
 from accel.integrations.lightning import AccelFabricSingleDeviceStrategy, fabric_kwargs
 from backends.recording import RecordingBackend
-
-NO_TORCH_XLA = "torch_xla is not installed (CI's xla cell installs torch_xla 2.9 on torch 2.9.1)"
-
-
-@pytest.fixture
-def xla() -> accel.Accelerator:
-    if importlib.util.find_spec("torch_xla") is None:
-        pytest.skip(NO_TORCH_XLA)
-    try:
-        return accel.get_backend("xla")
-    except accel.BackendNotFoundError:
-        pytest.skip("accel has no xla backend in this build (backends/xla.py)")
-    except accel.BackendUnavailableError as exc:
-        pytest.skip(f"accel's xla backend cannot run here: {exc}")
 
 
 def test_fabric_trains_on_xla_through_accel(xla: accel.Accelerator, common: ModuleType) -> None:

@@ -54,6 +54,13 @@ def plain_sgd(model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -
     return model
 
 
+def assert_equal_to_plain(model: nn.Module) -> None:
+    """Assert ``model``'s parameters are exactly the plain loop's (naming the first that is not)."""
+    reference = plain_sgd(make_model(), batches())
+    for (name, got), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(got, expected), name
+
+
 def shard(
     data: list[tuple[torch.Tensor, torch.Tensor]], rank: int, world: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
