@@ -20,6 +20,8 @@ from lightning.fabric.strategies.single_device import SingleDeviceStrategy
 from lightning.fabric.strategies.strategy import Strategy
 from lightning.fabric.utilities.types import Optimizable
 from torch.nn import Module
+from torch.optim import Optimizer
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._bound import DDPOnBackend, OnBackend, SingleDeviceOnBackend
 from ._fabric_precision import AccelFabricPrecision
@@ -47,6 +49,33 @@ class _FabricStepBoundaries(OnBackend, Strategy):
             half: Mixed = "16-mixed" if precision.precision == "16-mixed" else "bf16-mixed"
             precision = AccelFabricPrecision(half, device)
         self._precision = precision
+
+    def module_to_device(self, module: Module) -> None:
+        """Move ``module`` to the root device, noting parameters the move replaced.
+
+        On devices whose tensors cannot take a host tensor's place (XLA), ``Module.to``
+        makes new parameters, so an optimizer built before ``fabric.setup`` would still
+        step the host ones; :meth:`setup_optimizer` points it at the new ones (Fabric
+        does this only for its own XLA strategies).
+        """
+        before = dict(module.named_parameters())
+        super().module_to_device(module)  # type: ignore[safe-super]
+        after = dict(module.named_parameters())
+        if not hasattr(self, "_replaced"):  # host parameter -> its device replacement
+            self._replaced: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        for name, old in before.items():
+            if after.get(name) is not old:
+                self._replaced[old] = after[name]
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Point ``optimizer`` at the parameters :meth:`module_to_device` put in place."""
+        replaced = getattr(self, "_replaced", None)
+        if replaced:
+            for group in optimizer.param_groups:
+                group["params"] = [replaced.get(p, p) for p in group["params"]]
+            for old in [p for p in optimizer.state if p in replaced]:
+                optimizer.state[replaced[old]] = optimizer.state.pop(old)
+        return super().setup_optimizer(optimizer)
 
     def backward(
         self, tensor: torch.Tensor, module: Module | None, *args: Any, **kwargs: Any

@@ -151,3 +151,22 @@ def test_fabric_and_trainer_accelerators_are_separate_classes_per_backend() -> N
     assert type(fabric) is type(AccelFabricAccelerator("cpu")) and type(fabric) is not type(trainer)
     assert repr(fabric) == "AccelFabricAccelerator(backend='cpu')"
     assert type(fabric).get_parallel_devices(2) == [torch.device("cpu")] * 2
+
+
+def test_an_optimizer_built_before_setup_steps_the_moved_parameters(common: ModuleType) -> None:
+    # Moving to a device whose tensors cannot take a host tensor's place makes new
+    # parameters (XLA; "meta" here): the optimizer must follow them.
+    strategy = AccelFabricSingleDeviceStrategy("cpu", device="meta")
+    model = common.make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=common.LR, momentum=0.9)
+    host = list(model.parameters())
+    optimizer.state[host[0]]["momentum_buffer"] = torch.zeros_like(host[0])
+    strategy.module_to_device(model)
+    moved = list(model.parameters())
+    assert all(p.device.type == "meta" for p in moved)
+    strategy.setup_optimizer(optimizer)
+    [group] = optimizer.param_groups
+    assert len(group["params"]) == len(moved)
+    assert all(a is b for a, b in zip(group["params"], moved, strict=True))
+    [key] = optimizer.state
+    assert key is moved[0]
