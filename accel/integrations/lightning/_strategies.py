@@ -1,8 +1,9 @@
-"""Single-device and DDP strategies: the backend's device, collectives and step boundaries.
+"""The Trainer's single-device and DDP strategies: the backend's device, collectives, steps.
 
-Both call ``backend.mark_step()`` where Lightning's step ends: after backward, after the
-optimizer step, and before every validation, test and predict step (Gaudi's lazy mode and
-XLA flush their graph there; a no-op on eager backends).
+Both end Lightning's steps where :meth:`~._mapping.BackendMapping.end_of_step` says:
+``backend.mark_step()`` after backward, after the optimizer step, and before every
+validation, test and predict step (Gaudi's lazy mode and XLA flush their graph there; a
+no-op on eager backends). Fabric's strategies are in :mod:`._fabric_strategies`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
 from torch.nn.parallel import DistributedDataParallel
 
-from ..._protocol import Accelerator
-from .._backend import resolve_backend
-from ._accelerator import AccelAccelerator, lightning_error
+from ._bound import DDPOnBackend, OnBackend, SingleDeviceOnBackend
 
 if TYPE_CHECKING:
     from torch.optim.optimizer import Optimizer
@@ -23,31 +22,13 @@ if TYPE_CHECKING:
 __all__ = ["AccelDDPStrategy", "AccelSingleDeviceStrategy"]
 
 
-class _StepBoundaries(Strategy):
+class _StepBoundaries(OnBackend, Strategy):
     """``mark_step`` at Lightning's step boundaries; shared by both strategies."""
-
-    _accel_backend: Accelerator
-
-    @property
-    def backend(self) -> Accelerator:
-        """The accel backend this strategy runs on."""
-        return self._accel_backend
-
-    def _claim_accelerator(self) -> None:
-        accelerator = self.accelerator
-        if isinstance(accelerator, AccelAccelerator):
-            if accelerator.backend is not self._accel_backend:
-                raise lightning_error(
-                    f"the strategy runs on the {self._accel_backend.name} backend but the "
-                    f"accelerator on {accelerator.backend.name}. Give both the same backend "
-                    "(trainer_kwargs(backend) does)."
-                )
-            accelerator._accel_strategy = self
 
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         """Flush the backward graph (``backend.mark_step()``)."""
         super().post_backward(closure_loss)
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
 
     def optimizer_step(
         self,
@@ -58,26 +39,26 @@ class _StepBoundaries(Strategy):
     ) -> Any:
         """Step the optimizer, then flush the update (``backend.mark_step()``)."""
         result = super().optimizer_step(optimizer, closure, model, **kwargs)
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return result
 
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending work (``backend.mark_step()``), then run the validation step."""
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return super().validation_step(*args, **kwargs)
 
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending work (``backend.mark_step()``), then run the test step."""
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return super().test_step(*args, **kwargs)
 
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         """Flush pending work (``backend.mark_step()``), then run the predict step."""
-        self._accel_backend.mark_step()
+        self.mapping.end_of_step()
         return super().predict_step(*args, **kwargs)
 
 
-class AccelSingleDeviceStrategy(_StepBoundaries, SingleDeviceStrategy):
+class AccelSingleDeviceStrategy(_StepBoundaries, SingleDeviceOnBackend, SingleDeviceStrategy):
     """Lightning's single-device strategy on an accel backend's device.
 
     Registered as ``strategy="accel_single_device"``.
@@ -92,24 +73,8 @@ class AccelSingleDeviceStrategy(_StepBoundaries, SingleDeviceStrategy):
 
     strategy_name = "accel_single_device"
 
-    def __init__(
-        self,
-        backend: str | Accelerator | None = None,
-        device: torch.device | str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._accel_backend = resolve_backend(backend, "accel.integrations.lightning")
-        self.device_was_given = device is not None
-        chosen = self._accel_backend.device() if device is None else torch.device(device)
-        super().__init__(device=chosen, **kwargs)
 
-    def setup_environment(self) -> None:
-        """Tie the accelerator to this strategy, then set the device up."""
-        self._claim_accelerator()
-        super().setup_environment()
-
-
-class AccelDDPStrategy(_StepBoundaries, DDPStrategy):
+class AccelDDPStrategy(_StepBoundaries, DDPOnBackend, DDPStrategy):
     """Lightning's DDP on an accel backend: its collectives, no CUDA streams.
 
     Registered as ``strategy="accel_ddp"``. The process group uses
@@ -125,17 +90,6 @@ class AccelDDPStrategy(_StepBoundaries, DDPStrategy):
     """
 
     strategy_name = "accel_ddp"
-
-    def __init__(self, backend: str | Accelerator | None = None, **kwargs: Any) -> None:
-        self._accel_backend = resolve_backend(backend, "accel.integrations.lightning")
-        kwargs.setdefault("process_group_backend", self._accel_backend.communication_backend)
-        super().__init__(**kwargs)
-
-    def setup_environment(self) -> None:
-        """Tie the accelerator to this strategy, prepare the backend, then set up DDP."""
-        self._claim_accelerator()
-        self._accel_backend.prepare_distributed()
-        super().setup_environment()
 
     def determine_ddp_device_ids(self) -> list[int] | None:
         """Return ``None``: DDP takes the device from the module, on every backend."""

@@ -11,7 +11,10 @@ from types import ModuleType
 import pytest
 import torch
 
+import accel
+
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+NO_TORCH_XLA = "torch_xla is not installed (CI's xla cell installs torch_xla 2.9 on torch 2.9.1)"
 
 
 def _load_common() -> ModuleType:
@@ -40,3 +43,23 @@ def _restore_torch_state() -> Iterator[None]:
     yield
     torch.set_rng_state(rng)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def xla() -> accel.Accelerator:
+    """accel's ``xla`` backend (torch_xla's client, CPU in CI's xla cell), or a skip."""
+    if importlib.util.find_spec("torch_xla") is None:
+        pytest.skip(NO_TORCH_XLA)
+    try:
+        return accel.get_backend("xla")
+    except accel.BackendNotFoundError:
+        pytest.skip("accel has no xla backend in this build (backends/xla.py)")
+    except accel.BackendUnavailableError as exc:
+        pytest.skip(f"accel's xla backend cannot run here: {exc}")
+
+
+@pytest.fixture
+def torch_xla_installed() -> None:
+    """Skip unless torch_xla is installed."""
+    if importlib.util.find_spec("torch_xla") is None:
+        pytest.skip(NO_TORCH_XLA)

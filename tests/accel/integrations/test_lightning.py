@@ -20,7 +20,6 @@ from accel.integrations.lightning import (
     AccelAccelerator,
     AccelSingleDeviceStrategy,
     LightningSetupError,
-    precision_plugin,
     trainer_kwargs,
 )
 
@@ -32,19 +31,13 @@ def _trained(common: ModuleType, kwargs: dict[str, Any], **fit: Any) -> tuple[An
     return trainer, model
 
 
-def _assert_equal_to_plain(common: ModuleType, model: torch.nn.Module) -> None:
-    reference = common.plain_sgd(common.make_model(), common.batches())
-    for (name, got), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
-        assert torch.equal(got, expected), name
-
-
 def test_fit_with_trainer_kwargs_equals_a_plain_loop(common: ModuleType) -> None:
     trainer, model = _trained(common, trainer_kwargs())
     assert isinstance(trainer.accelerator, AccelAccelerator)
     assert trainer.accelerator.backend is accel.get_backend()
     assert isinstance(trainer.strategy, AccelSingleDeviceStrategy)
     assert trainer.global_step == common.STEPS
-    _assert_equal_to_plain(common, model)
+    common.assert_equal_to_plain(model)
 
 
 class _MarkStepCounts(pl.Callback):
@@ -83,65 +76,7 @@ def test_the_recording_backend_sees_mark_step_at_every_step(common: ModuleType) 
     validation = [count for hook, count in counts.seen if hook == "validation_batch_start"]
     assert validation == [2 * common.STEPS, 2 * common.STEPS + 1]
     assert backend.count("mark_step") == 2 * common.STEPS + 2
-    _assert_equal_to_plain(common, model)
-
-
-def test_the_gaudi_stand_in_trains_lazily_under_lightning(
-    common: ModuleType, habana_double: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
-    backend = accel.get_backend("hpu")
-    assert backend.is_lazy
-    # torch without Habana's bridge cannot hold hpu tensors: the arithmetic runs on the
-    # host, while the step boundaries, device setup and autocast go to the Gaudi double.
-    kwargs = {
-        "accelerator": AccelAccelerator(backend),
-        "strategy": AccelSingleDeviceStrategy(backend, device="cpu"),
-        "plugins": [precision_plugin(backend, "bf16-mixed")],
-    }
-    habana_double.CALLS.clear()
-    seen: list[dict[str, Any]] = []
-    _, model = _trained(common, kwargs, seen=seen)
-
-    assert len(habana_double.call_args("core.mark_step")) == 2 * common.STEPS
-    assert all(step["hpu"] == (True, torch.bfloat16) for step in seen), seen
-    assert not any(step["cpu"][0] or step["cuda"][0] for step in seen), seen
-    _assert_equal_to_plain(common, model)  # hpu autocast leaves host arithmetic alone
-
-
-@pytest.mark.parametrize("route", ["trainer_kwargs", "registered name"])
-def test_bf16_mixed_autocasts_on_the_backends_device(
-    common: ModuleType, monkeypatch: pytest.MonkeyPatch, route: str
-) -> None:
-    monkeypatch.setenv("ACCEL", "recording")
-    if route == "trainer_kwargs":
-        kwargs: dict[str, Any] = trainer_kwargs(precision="bf16-mixed")
-    else:  # Lightning itself would build MixedPrecision(device="cuda") for "accel"
-        kwargs = {"accelerator": "accel", "precision": "bf16-mixed", "devices": 1}
-    seen: list[dict[str, Any]] = []
-    trainer, _ = _trained(common, kwargs, seen=seen)
-
-    assert trainer.accelerator.backend.name == "recording"
-    assert trainer.precision_plugin.device == "cpu"
-    assert len(seen) == common.STEPS
-    for step in seen:
-        assert step["cpu"] == (True, torch.bfloat16)
-        assert not step["cuda"][0]
-        assert step["out_dtype"] == torch.bfloat16
-
-
-def test_16_mixed_scales_on_the_backends_device_where_it_computes_in_fp16(
-    habana_double: ModuleType,
-) -> None:
-    plugin = precision_plugin("cpu", "16-mixed")
-    assert plugin.device == "cpu"
-    assert isinstance(plugin.scaler, torch.amp.GradScaler)
-    assert plugin.scaler._device == "cpu"
-    assert precision_plugin("hpu", "16-mixed").scaler._device == "hpu"
-
-    habana_double.FP16_SUPPORTED = False  # Gaudi1
-    with pytest.raises(LightningSetupError, match="needs float16, which the hpu backend"):
-        precision_plugin("hpu", "16-mixed")
+    common.assert_equal_to_plain(model)
 
 
 def test_accel_is_registered_and_follows_get_backend(
@@ -155,7 +90,7 @@ def test_accel_is_registered_and_follows_get_backend(
     assert trainer.accelerator.backend is accel.get_backend("recording")
     assert trainer.strategy.backend is trainer.accelerator.backend
     assert trainer.accelerator.backend.count("mark_step") == 2 * common.STEPS
-    _assert_equal_to_plain(common, model)
+    common.assert_equal_to_plain(model)
 
 
 def test_lightnings_own_strategy_is_refused_for_a_device_backend(
@@ -175,19 +110,6 @@ def test_devices_follow_accels_device_rule(habana_double: ModuleType) -> None:
     assert type(hpu).get_parallel_devices(2) == [torch.device("hpu", 0)] * 2
     assert type(hpu).auto_device_count() == 1
     assert type(hpu).is_available() and type(hpu).name() == "accel"
-
-
-@pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        (lambda: trainer_kwargs(devices=0), "devices=0 is not a device selection"),
-        (lambda: trainer_kwargs(devices=[3]), r"devices=\[3\] is not a device selection"),
-        (lambda: trainer_kwargs(precision="64-true"), "precision='64-true' is not supported"),
-    ],
-)
-def test_bad_arguments_say_what_to_pass(call: Any, message: str) -> None:
-    with pytest.raises(LightningSetupError, match=message):
-        call()
 
 
 def test_each_backend_gets_its_own_class_also_for_subclasses() -> None:

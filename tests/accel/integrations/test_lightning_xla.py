@@ -7,7 +7,6 @@ through :func:`accel.integrations.lightning.trainer_kwargs`.
 
 from __future__ import annotations
 
-import importlib.util
 from types import ModuleType
 
 import pytest
@@ -19,20 +18,6 @@ pytest.importorskip("lightning", reason="Lightning is not installed (pip install
 
 from accel.integrations.lightning import trainer_kwargs
 from backends.recording import RecordingBackend
-
-NO_TORCH_XLA = "torch_xla is not installed (CI's xla cell installs torch_xla 2.9 on torch 2.9.1)"
-
-
-@pytest.fixture
-def xla() -> accel.Accelerator:
-    if importlib.util.find_spec("torch_xla") is None:
-        pytest.skip(NO_TORCH_XLA)
-    try:
-        return accel.get_backend("xla")
-    except accel.BackendNotFoundError:
-        pytest.skip("accel has no xla backend in this build (backends/xla.py)")
-    except accel.BackendUnavailableError as exc:
-        pytest.skip(f"accel's xla backend cannot run here: {exc}")
 
 
 def test_lightning_trains_on_xla_through_accel(xla: accel.Accelerator, common: ModuleType) -> None:
@@ -60,9 +45,9 @@ def test_lightning_trains_on_xla_through_accel(xla: accel.Accelerator, common: M
         torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_lightnings_own_xla_accelerator_refuses_a_host_without_tpus() -> None:
-    if importlib.util.find_spec("torch_xla") is None:
-        pytest.skip(NO_TORCH_XLA)
+def test_lightnings_own_xla_accelerator_refuses_a_host_without_tpus(
+    torch_xla_installed: None,
+) -> None:
     import lightning.pytorch as pl
     from lightning.pytorch.accelerators import XLAAccelerator
     from lightning.pytorch.utilities.exceptions import MisconfigurationException

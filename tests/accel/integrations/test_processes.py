@@ -1,10 +1,13 @@
-"""Both frameworks in processes of their own: two-process DDP/ZeRO, and a third-party plugin.
+"""Both frameworks in processes of their own: two-process DDP/ZeRO, one process per backend.
 
-``scripts/two_processes.py`` runs under torchrun on 2 CPU processes (Lightning DDP over
-gloo, then DeepSpeed ZeRO 1 and 2); ``scripts/one_process.py`` runs the example
+``scripts/two_processes.py`` runs under torchrun on 2 CPU processes (the Trainer's and
+Fabric's DDP over gloo, then DeepSpeed ZeRO 1, 2, 3 and 3 with CPU offload);
+``scripts/one_process.py`` runs the same in one process, once on the example
 ``reproducible_cpu`` plugin (``examples/accel-reproducible-cpu``, made importable here
-with its entry point) under both frameworks. Process-wide state (process groups, the
-plugin's deterministic mode) stays in those processes.
+with its entry point) and once on the ``recording`` backend (the cpu backend with every
+protocol call recorded). Process-wide state (process groups, the plugin's deterministic
+mode) stays in those processes; each run costs seconds of imports, so every
+configuration shares these three.
 """
 
 from __future__ import annotations
@@ -93,9 +96,22 @@ def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (info / "entry_points.txt").write_text(
         "[accel.backends]\nreproducible_cpu = accel_reproducible_cpu\n"
     )
-    command = [sys.executable, str(SCRIPTS / "one_process.py"), str(out / "results.pt")]
     extra = os.pathsep.join([str(PLUGIN), str(out / "site")])
-    _run(command, out, ACCEL="reproducible_cpu", EXTRA_PATH=extra)
+    return _one_process(out, ACCEL="reproducible_cpu", EXTRA_PATH=extra)
+
+
+@pytest.fixture(scope="module")
+def recording_run(tmp_path_factory: pytest.TempPathFactory, common: ModuleType) -> dict[str, Any]:
+    if not common.deepspeed_installed():
+        pytest.skip(common.DEEPSPEED_MISSING)
+    # DeepSpeed alone: Lightning on the recording backend is tested in this process.
+    out = tmp_path_factory.mktemp("recording")
+    return _one_process(out, "deepspeed", ACCEL="recording")
+
+
+def _one_process(out: Path, *frameworks: str, **env: str) -> dict[str, Any]:
+    script = [sys.executable, str(SCRIPTS / "one_process.py"), str(out / "results.pt")]
+    _run([*script, *frameworks], out, **env)
     return dict(torch.load(out / "results.pt", weights_only=True))
 
 
@@ -116,30 +132,63 @@ def test_lightning_ddp_over_gloo_ends_with_identical_weights(two: list[dict[str,
     _close(two[0]["lightning"], two[0]["plain"])
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+def test_fabric_ddp_over_gloo_ends_with_identical_weights(two: list[dict[str, Any]]) -> None:
+    assert [r["fabric_strategy"] for r in two] == ["AccelFabricDDPStrategy"] * 2
+    assert _equal(two[0]["fabric"], two[1]["fabric"])
+    _close(two[0]["fabric"], two[0]["plain"])
+
+
+ZERO = ["zero1", "zero2", "zero3", "zero3_offload"]
+# What each configuration must have run as: ZeRO stage, (optimizer, parameters) offloaded.
+ENGINE = {
+    "zero1": (1, (False, False)),
+    "zero2": (2, (False, False)),
+    "zero3": (3, (False, False)),
+    "zero3_offload": (3, (True, True)),
+}
+
+
+@pytest.mark.parametrize("zero", ZERO)
 def test_deepspeed_zero_on_two_processes_equals_a_plain_loop(
-    two: list[dict[str, Any]], common: ModuleType, stage: int
+    two: list[dict[str, Any]], common: ModuleType, zero: str
 ) -> None:
     if not common.deepspeed_installed():
         pytest.skip(common.DEEPSPEED_MISSING)
-    assert _equal(two[0][f"zero{stage}"], two[1][f"zero{stage}"])
-    _close(two[0][f"zero{stage}"], two[0]["plain"])
+    runs = [r[zero] for r in two]
+    assert [(run["stage"], run["offload"]) for run in runs] == [ENGINE[zero]] * 2
+    assert _equal(runs[0]["parameters"], runs[1]["parameters"])
+    _close(runs[0]["parameters"], two[0]["plain"])
 
 
 def test_the_example_plugin_trains_under_lightning(plugin_run: dict[str, Any]) -> None:
     assert plugin_run["backend"] == "reproducible_cpu"
     assert plugin_run["deterministic"]  # the plugin's own setting, applied on creation
     assert _equal(plugin_run["lightning"], plugin_run["plain"])
+    assert _equal(plugin_run["fabric"], plugin_run["plain"])
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("zero", ZERO)
 def test_the_example_plugin_trains_under_deepspeed_zero(
-    plugin_run: dict[str, Any], common: ModuleType, stage: int
+    plugin_run: dict[str, Any], common: ModuleType, zero: str
 ) -> None:
     if not common.deepspeed_installed():
         pytest.skip(common.DEEPSPEED_MISSING)
     assert plugin_run["deepspeed_backend"] == "reproducible_cpu"
-    assert _equal(plugin_run[f"zero{stage}"], plugin_run["plain"])
+    run = plugin_run[zero]
+    assert (run["stage"], run["offload"]) == ENGINE[zero]
+    assert _equal(run["parameters"], plugin_run["plain"])
+
+
+@pytest.mark.parametrize("zero", ZERO)
+def test_deepspeed_zero_asks_the_installed_backend(
+    recording_run: dict[str, Any], zero: str
+) -> None:
+    assert recording_run["backend"] == recording_run["deepspeed_backend"] == "recording"
+    run = recording_run[zero]
+    assert (run["stage"], run["offload"]) == ENGINE[zero]
+    assert _equal(run["parameters"], recording_run["plain"])
+    # DeepSpeed placed the model and queued its work through accel's backend.
+    assert {"device", "set_device", "current_stream"} <= set(run["calls"]), run["calls"]
 
 
 def test_install_after_deepspeed_set_up_communication_warns(

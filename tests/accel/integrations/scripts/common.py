@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,6 +54,13 @@ def plain_sgd(model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]]) -
     return model
 
 
+def assert_equal_to_plain(model: nn.Module) -> None:
+    """Assert ``model``'s parameters are exactly the plain loop's (naming the first that is not)."""
+    reference = plain_sgd(make_model(), batches())
+    for (name, got), expected in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(got, expected), name
+
+
 def shard(
     data: list[tuple[torch.Tensor, torch.Tensor]], rank: int, world: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -79,6 +86,14 @@ def framework_warnings() -> Iterator[None]:
         yield
 
 
+def autocast_state(out: torch.Tensor) -> dict[str, Any]:
+    """The output's dtype and, per device type, whether autocast is on and its dtype."""
+    state: dict[str, Any] = {"out_dtype": out.dtype}
+    for device in ("cpu", "cuda", "hpu"):
+        state[device] = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+    return state
+
+
 def lightning_module(model: nn.Module, seen: list[dict[str, Any]] | None = None) -> Any:
     """Wrap ``model`` in a LightningModule; ``seen`` collects the autocast state per step."""
     import lightning.pytorch as pl
@@ -92,13 +107,7 @@ def lightning_module(model: nn.Module, seen: list[dict[str, Any]] | None = None)
             x, y = batch
             out = self.model(x)
             if seen is not None:
-                state: dict[str, Any] = {"out_dtype": out.dtype}
-                for device in ("cpu", "cuda", "hpu"):
-                    state[device] = (
-                        torch.is_autocast_enabled(device),
-                        torch.get_autocast_dtype(device),
-                    )
-                seen.append(state)
+                seen.append(autocast_state(out))
             return nn.functional.mse_loss(out.float(), y)
 
         def validation_step(self, batch: Any, index: int) -> None:
@@ -137,10 +146,62 @@ def fit(
     return trainer
 
 
+def fabric_sgd(
+    fabric_arguments: dict[str, Any],
+    model: nn.Module,
+    data: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    seen: list[dict[str, Any]] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> Any:
+    """Train ``model`` with SGD in a hand-written Fabric loop over ``data``; return Fabric.
+
+    ``seen`` collects the autocast state inside each forward; ``note("backward")`` and
+    ``note("step")`` run after each ``fabric.backward`` and each optimizer step.
+    """
+    from lightning.fabric import Fabric
+
+    with framework_warnings():
+        fabric = Fabric(**fabric_arguments)
+        fabric.launch()
+        if seen is not None:
+            model.register_forward_hook(lambda module, args, out: seen.append(autocast_state(out)))
+        module, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=LR))
+        for batch in data:
+            x, y = fabric.to_device(batch)
+            optimizer.zero_grad()
+            fabric.backward(nn.functional.mse_loss(module(x).float(), y))
+            if note is not None:
+                note("backward")
+            optimizer.step()
+            if note is not None:
+                note("step")
+    return fabric
+
+
+# ZeRO configurations the tests run: stage, and the offload sections (ZeRO-3 only).
+ZERO_CONFIGS: dict[str, dict[str, Any]] = {
+    "zero1": {"stage": 1},
+    "zero2": {"stage": 2},
+    "zero3": {"stage": 3},
+    "zero3_offload": {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "cpu"},
+    },
+}
+
+
 def deepspeed_sgd(
-    model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]], stage: int
-) -> nn.Module:
-    """Train ``model`` with DeepSpeed ZeRO ``stage`` and a torch SGD optimizer."""
+    model: nn.Module, data: list[tuple[torch.Tensor, torch.Tensor]], zero: dict[str, Any]
+) -> dict[str, Any]:
+    """Train ``model`` with DeepSpeed ZeRO (``zero`` is the config's ``zero_optimization``).
+
+    The optimizer is torch's SGD; with an offloaded optimizer DeepSpeed would insist on
+    its own CPU Adam unless ``zero_force_ds_cpu_optimizer`` is false. Returns copies of the
+    trained parameters (``"parameters"``), gathered from their ZeRO-3 partitions, and what
+    the engine ran: ``"stage"``, ``"offload"`` (optimizer, parameters).
+    """
     import deepspeed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -148,8 +209,9 @@ def deepspeed_sgd(
         "train_micro_batch_size_per_gpu": BATCH // world,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 0.0,  # DeepSpeed clips at 1.0 unless told otherwise
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
     }
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
@@ -157,8 +219,14 @@ def deepspeed_sgd(
         loss = nn.functional.mse_loss(engine(x), y)
         engine.backward(loss)
         engine.step()
-    module: nn.Module = engine.module
-    return module
+    parameters = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(parameters):  # a no-op below stage 3
+        gathered = [p.detach().clone() for p in parameters]
+    return {
+        "parameters": gathered,
+        "stage": engine.zero_optimization_stage(),
+        "offload": (bool(engine.zero_offload_optimizer()), bool(engine.zero_offload_param())),
+    }
 
 
 def single_process_env() -> dict[str, str]:

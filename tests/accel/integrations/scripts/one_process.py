@@ -1,9 +1,13 @@
-"""Run alone (``python one_process.py OUT``, with ``ACCEL`` set): both frameworks, one process.
+"""Run alone (``python one_process.py OUT [deepspeed]``, ``ACCEL`` set): both frameworks.
 
-Trains the shared model with Lightning (``trainer_kwargs()``) and with DeepSpeed ZeRO
-stages 1 and 2 (``install()``) on the backend ``accel.get_backend()`` picks, none of
-them with code of the backend's own, and saves the parameters next to the plain loop's,
-with what ``install()`` warned when called again once DeepSpeed's communication exists.
+Trains the shared model with Lightning's Trainer (``trainer_kwargs()``) and Fabric
+(``fabric_kwargs()``), and with DeepSpeed ZeRO stages 1, 2 and 3 (3 also with optimizer
+and parameters offloaded to the CPU) after ``install()``, on the backend
+``accel.get_backend()`` picks, none of them with code of the backend's own, and saves
+the parameters next to the plain loop's, with what ``install()`` warned when called
+again once DeepSpeed's communication exists. On the ``recording`` backend it also saves
+the protocol members each DeepSpeed run called. With ``deepspeed`` after ``OUT`` it runs
+DeepSpeed alone (Lightning is not even imported: seconds saved).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import torch
 os.environ.update(common.single_process_env())
 
 import accel
-from accel.integrations.lightning import trainer_kwargs
 
 
 def parameters(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -34,18 +37,27 @@ def main() -> None:
         "backend": backend.name,
         "plain": parameters(common.plain_sgd(common.make_model(), common.batches())),
     }
-    model = common.make_model()
-    with common.framework_warnings():
-        common.fit(trainer_kwargs(), common.lightning_module(model), common.batches())
-    results["lightning"] = parameters(model)
+    if sys.argv[2:] != ["deepspeed"]:
+        from accel.integrations.lightning import fabric_kwargs, trainer_kwargs
+
+        model = common.make_model()
+        with common.framework_warnings():
+            common.fit(trainer_kwargs(), common.lightning_module(model), common.batches())
+        results["lightning"] = parameters(model)
+        model = common.make_model()
+        common.fabric_sgd(fabric_kwargs(), model, common.batches())
+        results["fabric"] = parameters(model)
 
     if common.deepspeed_installed():
         from accel.integrations.deepspeed import install
 
         results["deepspeed_backend"] = install().backend.name
-        for stage in (1, 2):
-            trained = common.deepspeed_sgd(common.make_model(), common.batches(), stage)
-            results[f"zero{stage}"] = parameters(trained)
+        calls = getattr(backend, "call_names", None)  # the recording backend's
+        for name, zero in common.ZERO_CONFIGS.items():
+            before = len(calls()) if calls else 0
+            results[name] = common.deepspeed_sgd(common.make_model(), common.batches(), zero)
+            if calls:
+                results[name]["calls"] = sorted(set(calls()[before:]))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             install()

@@ -1,10 +1,13 @@
-"""Run by torchrun (2 processes, ``ACCEL=cpu``): Lightning DDP, then DeepSpeed ZeRO 1 and 2.
+"""Run by torchrun (2 processes, ``ACCEL=cpu``): Lightning DDP, Fabric DDP, DeepSpeed ZeRO.
 
-Each rank trains the shared model on its half of every batch, first with Lightning
+Each rank trains the shared model on its half of every batch, first with the Trainer
 (``trainer_kwargs(devices=2)``: accel's DDP strategy over the backend's ``gloo``), then
-with DeepSpeed ZeRO stages 1 and 2 after ``install()``, in the process group Lightning
-created, and saves the parameters to ``$ACCEL_TEST_OUT/rank<RANK>.pt`` with the plain
-loop's on the whole batch; the test compares.
+with Fabric (``fabric_kwargs(devices=2)``), then with DeepSpeed ZeRO stages 1, 2 and 3
+(3 also with optimizer and parameters offloaded to the CPU) after ``install()``, all in
+the process group the Trainer created, and saves the parameters to
+``$ACCEL_TEST_OUT/rank<RANK>.pt`` with the plain loop's on the whole batch; the test
+compares. Every configuration runs in this one torchrun: each process group started
+costs seconds of imports.
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ import common
 import torch
 import torch.distributed as dist
 
-from accel.integrations.lightning import AccelDDPStrategy, trainer_kwargs
+from accel.integrations.lightning import (
+    AccelDDPStrategy,
+    AccelFabricDDPStrategy,
+    fabric_kwargs,
+    trainer_kwargs,
+)
 
 
 def parameters(model: torch.nn.Module) -> list[torch.Tensor]:
@@ -39,13 +47,18 @@ def main() -> None:
     results["lightning"] = parameters(model)
     results["process_group_backend"] = dist.get_backend()
     results["strategy"] = type(trainer.strategy).__name__
+    model = common.make_model()
+    fabric = common.fabric_sgd(fabric_kwargs(devices=world), model, data)
+    assert isinstance(fabric.strategy, AccelFabricDDPStrategy)
+    results["fabric"] = parameters(model)
+    results["fabric_strategy"] = type(fabric.strategy).__name__
 
     if common.deepspeed_installed():
         from accel.integrations.deepspeed import install
 
         install()
-    for stage in (1, 2) if common.deepspeed_installed() else ():
-        results[f"zero{stage}"] = parameters(common.deepspeed_sgd(common.make_model(), data, stage))
+    for name, zero in common.ZERO_CONFIGS.items() if common.deepspeed_installed() else ():
+        results[name] = common.deepspeed_sgd(common.make_model(), data, zero)
     torch.save(results, Path(os.environ["ACCEL_TEST_OUT"]) / f"rank{rank}.pt")
     dist.barrier()
     # A rank aborted now and then during interpreter teardown, after its results were
