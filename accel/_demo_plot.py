@@ -20,7 +20,7 @@ def draw(results: Sequence[RunResult], path: str) -> None:
     except ImportError as exc:
         raise SystemExit(
             "accel demo: --plot needs matplotlib, which is not installed; run "
-            "`python -m pip install 'accel[demo]'` or drop --plot."
+            "`python -m pip install 'accel-hal[demo]'` or drop --plot."
         ) from exc
     figure, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     (memory_axis, loss_axis), (time_axis, peak_axis) = axes

@@ -13,6 +13,7 @@ from ._accelerator import lightning_error
 __all__ = ["PRECISIONS", "precision_plugin"]
 
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+"""The precisions :func:`precision_plugin` accepts (``32``, ``bf16`` and ``16`` also name them)."""
 _ALIASES = {"32": "32-true", 32: "32-true", "bf16": "bf16-mixed", "16": "16-mixed", 16: "16-mixed"}
 
 
