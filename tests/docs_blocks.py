@@ -85,9 +85,12 @@ def public_modules() -> dict[str, list[str]]:
             if any(part.startswith("_") for part in parts):
                 continue
             for node in ast.parse(path.read_text()).body:
-                if isinstance(node, ast.Assign) and any(
-                    isinstance(target, ast.Name) and target.id == "__all__"
-                    for target in node.targets
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                if isinstance(node, ast.AnnAssign) and node.value is not None:
+                    targets = [node.target]
+                if any(
+                    isinstance(target, ast.Name) and target.id == "__all__" for target in targets
                 ):
+                    assert isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None
                     found[".".join(parts)] = list(ast.literal_eval(node.value))
     return found
