@@ -35,6 +35,7 @@ SDIST_NEEDS = (
     "docs/index.md",
     "docs/images/demo-cpu.png",
     "docs/_build/hooks.py",
+    "benchmarks/results/budget-cpu.png",
     "tests/doubles/habana_double.py",
     "examples/accel-reproducible-cpu/pyproject.toml",
     ".ci/matrix",
