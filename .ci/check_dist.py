@@ -14,7 +14,14 @@ from pathlib import Path
 PACKAGES = ("accel", "backends", "checkpointing", "offload")
 # Test helpers and doubles must never reach users' site-packages: the Habana double
 # would shadow a real bridge, the fake plugins would register backends.
-FORBIDDEN_IN_WHEEL = ("tests/", "habana_frameworks/", "habana_double", "accel_fake_", "doubles/")
+FORBIDDEN_IN_WHEEL = (
+    "tests/",
+    "habana_frameworks/",
+    "habana_double",
+    "accel_fake_",
+    "doubles/",
+    "docs/",
+)
 SDIST_NEEDS = (
     "README.md",
     "LICENSE",
@@ -22,6 +29,13 @@ SDIST_NEEDS = (
     "pyproject.toml",
     "MANIFEST.in",
     "tests/conftest.py",
+    "tests/docs_blocks.py",
+    "mkdocs.yml",
+    ".readthedocs.yaml",
+    "docs/index.md",
+    "docs/images/demo-cpu.png",
+    "docs/_build/hooks.py",
+    "benchmarks/results/budget-cpu.png",
     "tests/doubles/habana_double.py",
     "examples/accel-reproducible-cpu/pyproject.toml",
     ".ci/matrix",

@@ -17,10 +17,11 @@ def draw(results: Sequence[RunResult], path: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise SystemExit(
             "accel demo: --plot needs matplotlib, which is not installed; run "
-            "`python -m pip install 'accel[demo]'` or drop --plot."
+            "`python -m pip install 'accel-hal[demo]'` or drop --plot."
         ) from exc
     figure, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     (memory_axis, loss_axis), (time_axis, peak_axis) = axes
@@ -60,7 +61,9 @@ def draw(results: Sequence[RunResult], path: str) -> None:
         bars, labels=[f"{t:.1f} ms ({t / plain_time / 1e3:.2f}x)" for t in times], padding=3
     )
     time_axis.set(title="Step time (median)", xlabel="ms")
-    time_axis.set_xlim(0, max(times) * 1.35)
+    # Room for the bar labels inside the panel, and few enough ticks to stay legible.
+    time_axis.set_xlim(0, max(times) * 1.6)
+    time_axis.xaxis.set_major_locator(MaxNLocator(5))
 
     positions = range(len(results))
     activations = [result.activation_bytes / 2**20 for result in results]

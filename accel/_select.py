@@ -192,9 +192,9 @@ def select_backend(name: str | None = None) -> Selection:
         name: As for :func:`get_backend`.
 
     Raises:
-        The errors of :func:`get_backend`. :class:`ProtocolViolationError` only
-        where the factory is a class lacking members (a returned object is checked
-        when it is created).
+        AccelError: The errors of :func:`get_backend`, except that
+            :class:`ProtocolViolationError` is raised only where the factory is a class
+            lacking members (a returned object is checked when it is created).
     """
     if name is not None:
         _check_name_type(name)

@@ -107,6 +107,6 @@ def violation_message(spec: BackendSpec, provider: str, kind: type, missing: lis
     return (
         f"Backend {spec.name!r} from {provider} does not implement accel.Accelerator: "
         f"its object ({kind.__name__}) lacks {', '.join(missing)}. Add those members "
-        "(see 'Writing and certifying a backend plugin' in the README), or uninstall "
-        "the plugin."
+        "(see 'Writing and certifying a backend plugin' in accel's documentation, "
+        "docs/plugins.md), or uninstall the plugin."
     )

@@ -2,7 +2,7 @@
 
 ``pyproject.toml`` reads it (``[tool.setuptools.dynamic]``), so the built wheel, ``accel
 --version`` and :data:`accel.__version__` always agree. Bump it, and move the changelog's
-"Unreleased" entries under it, when you cut a release (see the README's Development section).
+"Unreleased" entries under it, when you cut a release (see "Releasing" in docs/development.md).
 """
 
 from __future__ import annotations

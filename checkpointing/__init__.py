@@ -50,7 +50,18 @@ from ._wrapper import CheckpointWrapper, checkpoint_wrapper
 
 # torch's own global switches: the non-reentrant variant runs torch's checkpoint.
 set_checkpoint_debug_enabled = torch.utils.checkpoint.set_checkpoint_debug_enabled
+"""torch's ``torch.utils.checkpoint.set_checkpoint_debug_enabled``, re-exported.
+
+A context manager: ``with set_checkpoint_debug_enabled(True):`` makes every
+non-reentrant checkpoint trace its operators, as ``debug=True`` does for one call.
+"""
 set_checkpoint_early_stop = torch.utils.checkpoint.set_checkpoint_early_stop
+"""torch's ``torch.utils.checkpoint.set_checkpoint_early_stop``, re-exported.
+
+A context manager: ``with set_checkpoint_early_stop(False):`` makes non-reentrant
+recomputation run each function to its end instead of stopping once it has rebuilt the
+saved tensors.
+"""
 
 __all__ = [
     "CheckpointError",

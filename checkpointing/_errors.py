@@ -6,12 +6,15 @@ import torch.utils.checkpoint
 
 __all__ = ["CheckpointError", "plan_mismatch"]
 
-#: torch's own class, re-exported: the non-reentrant variant runs torch's checkpoint,
-#: whose mismatch errors (count, shape, dtype, device, a saved tensor unpacked twice)
-#: keep torch's type and wording, so ``except checkpointing.CheckpointError`` and
-#: ``except torch.utils.checkpoint.CheckpointError`` are the same clause. It derives
-#: from :class:`RuntimeError`.
 CheckpointError = torch.utils.checkpoint.CheckpointError
+"""torch's own class, re-exported: a recomputation that does not match its forward.
+
+The non-reentrant variant runs torch's checkpoint, whose mismatch errors (count, shape,
+dtype, device, a saved tensor unpacked twice) keep torch's type and wording, so
+``except checkpointing.CheckpointError`` and ``except
+torch.utils.checkpoint.CheckpointError`` are the same clause. It derives from
+:class:`RuntimeError`.
+"""
 
 
 def plan_mismatch(subject: str, owner: str, problem: str, remedy: str = "") -> CheckpointError:

@@ -17,27 +17,27 @@ pytest_plugins = ["pytester"]
 _DOUBLES_DIR = Path(__file__).resolve().parent / "doubles"
 
 
-def _load_habana_double() -> ModuleType:
-    """Import tests/doubles/habana_double.py without putting tests/doubles on sys.path.
+def _load_by_path(name: str, path: Path) -> ModuleType:
+    """Import a helper module from its file, without putting its folder on sys.path.
 
     Leaving tests/doubles on sys.path would make the habana_frameworks double
-    importable in every test. When the module was already loaded as a plugin
-    (``-p habana_double``), that module is reused.
+    importable in every test; tests reach these helpers as ``sys.modules[name]``. When a
+    module was already loaded (``-p habana_double``), that module is reused.
     """
-    loaded = sys.modules.get("habana_double")
+    loaded = sys.modules.get(name)
     if loaded is not None:
         return loaded
-    spec = importlib.util.spec_from_file_location(
-        "habana_double", _DOUBLES_DIR / "habana_double.py"
-    )
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["habana_double"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-habana_double_helpers = _load_habana_double()
+habana_double_helpers = _load_by_path("habana_double", _DOUBLES_DIR / "habana_double.py")
+# The documentation's code blocks, for tests/test_docs.py and the torchrun examples' test.
+_load_by_path("docs_blocks", Path(__file__).resolve().parent / "docs_blocks.py")
 
 _ENV_VARIABLES = (
     "ACCEL",

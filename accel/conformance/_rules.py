@@ -33,6 +33,7 @@ RULES: dict[str, str] = {
     "rng-devices": "get_rng_state/set_rng_state/fork_rng address each device index",
     "compile-backend": "compile_backend names a torch.compile backend that compiles on the device",
 }
+"""Every conformance rule: its id (what a failure message names) and what it checks."""
 
 
 def rule(rule_id: str, message: str) -> str:

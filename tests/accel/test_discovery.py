@@ -152,7 +152,7 @@ def test_incomplete_backend_is_listed_as_unavailable_with_the_violation(
     assert row.reason is not None
     assert "does not implement accel.Accelerator" in row.reason
     assert "lacks " in row.reason and "fork_rng" in row.reason
-    assert "'Writing and certifying a backend plugin' in the README" in row.reason
+    assert "'Writing and certifying a backend plugin' in accel's documentation" in row.reason
 
 
 def test_conflict_rows_show_each_providers_priority(conflict_site: Path) -> None:

@@ -19,7 +19,7 @@ communication backend exists (``deepspeed.comm.is_initialized()``) is too late f
 was set up with the old accelerator, and warns with :class:`DeepSpeedInstallWarning`.
 
 Needs ``pip install 'accel-hal[deepspeed]'`` (DeepSpeed 0.19; it ships as a source
-distribution whose setup imports torch, see the README).
+distribution whose setup imports torch; see docs/deepspeed.md).
 """
 
 from __future__ import annotations

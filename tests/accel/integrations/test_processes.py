@@ -13,7 +13,6 @@ configuration shares these three.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -201,21 +200,37 @@ def test_install_after_deepspeed_set_up_communication_warns(
     assert "Call install() before deepspeed.init_distributed()" in warning
 
 
-def test_the_readmes_deepspeed_example_runs_under_torchrun(
-    common: ModuleType, tmp_path: Path
+# Appended to each torchrun example: one write per rank (both ranks share the log, and CI
+# runs unbuffered, so a print of several pieces interleaves with the other rank's).
+REPORT = """
+import os, sys
+ds = sys.modules.get("deepspeed")
+name = type(ds.get_accelerator()).__name__ if ds else "none"
+os.write(1, f"rank {os.environ['RANK']} done, deepspeed accelerator: {name}\\n".encode())
+"""
+TORCHRUN_BLOCKS = [
+    block
+    for block in sys.modules["docs_blocks"].python_blocks()
+    if (block.skip_reason or "").startswith("needs torchrun")
+]
+
+
+@pytest.mark.parametrize("block", TORCHRUN_BLOCKS, ids=[block.name for block in TORCHRUN_BLOCKS])
+def test_the_docs_torchrun_examples_run_under_torchrun(
+    block: Any, common: ModuleType, tmp_path: Path
 ) -> None:
-    if not common.deepspeed_installed():
+    """The blocks tests/test_docs.py skips as needing torchrun, run on 2 CPU processes."""
+    if "deepspeed" in block.code and not common.deepspeed_installed():
         pytest.skip(common.DEEPSPEED_MISSING)
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Using accel with DeepSpeed", 1)[1].split("\n## ", 1)[0]
-    assert "torchrun --nproc_per_node=2 train.py" in section
-    [example] = re.findall(r"```py\n(.*?)```", section, flags=re.DOTALL)
     script = tmp_path / "train.py"
-    # One write per rank: both ranks share the log, and CI runs unbuffered, so a print of
-    # several pieces interleaves with the other rank's.
-    script.write_text(
-        example + "\nimport os\nos.write(1, f'accelerator: "
-        "{type(deepspeed.get_accelerator()).__name__}\\n'.encode())\n"
-    )
+    script.write_text(block.code + REPORT)
     _run([*_torchrun(), str(script)], tmp_path, ACCEL="cpu")
-    assert "accelerator: AccelDeepSpeedAccelerator" in (tmp_path / "log.txt").read_text()
+    log = (tmp_path / "log.txt").read_text()
+    accelerator = "AccelDeepSpeedAccelerator" if "deepspeed" in block.code else "none"
+    for rank in range(2):
+        assert f"rank {rank} done, deepspeed accelerator: {accelerator}" in log, log[-4000:]
+
+
+def test_the_torchrun_examples_are_found() -> None:
+    pages = {block.page.name for block in TORCHRUN_BLOCKS}
+    assert {"deepspeed.md", "distributed.md"} <= pages
