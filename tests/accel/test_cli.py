@@ -22,7 +22,7 @@ def _run(
         env["ACCEL"] = env_accel
     env.update(env_extra)
     return subprocess.run(
-        [sys.executable, "-m", "accel", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "accel", *args], capture_output=True, text=True, env=env, timeout=600
     )
 
 
@@ -83,7 +83,7 @@ def test_console_script_is_installed() -> None:
     # The script sits beside this interpreter, whether or not its venv is activated.
     script = shutil.which("accel", path=str(Path(sys.executable).parent))
     assert script is not None
-    result = subprocess.run([script, "--json"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([script, "--json"], capture_output=True, text=True, timeout=600)
     assert json.loads(result.stdout)["backends"]
 
 

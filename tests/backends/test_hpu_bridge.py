@@ -268,7 +268,7 @@ def test_import_torch_alone_imports_the_bridge_through_autoload(
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip().splitlines()[-1] == str(imported)

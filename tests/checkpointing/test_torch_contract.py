@@ -181,7 +181,7 @@ def test_set_checkpoint_debug_enabled_gives_torchs_traces() -> None:
         [sys.executable, "-c", _DEBUG_TRACE_SCRIPT],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         env={**os.environ, "PYTHONPATH": path},
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -20,7 +20,7 @@ def test_importing_accel_imports_no_framework() -> None:
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r}))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True
     )
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
 
