@@ -59,7 +59,7 @@ __all__ = [
 #: The name this backend is listed under while no device has joined torch through
 #: PrivateUse1 (always unavailable, with the reason).
 UNREGISTERED_NAME = "privateuse1"
-PRIORITY = 250
+PRIORITY = 225
 #: ``torch.distributed.Backend.UNDEFINED``: the communication backend of a device torch
 #: maps to none.
 UNDEFINED_COMMUNICATION = "undefined"
