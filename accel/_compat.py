@@ -343,7 +343,7 @@ _PIN_NEEDS_DEVICE = torch_release() < (2, 5)
 def pin_memory(tensor: torch.Tensor, device_type: str) -> torch.Tensor:
     """Return ``tensor`` page-locked for ``device_type`` (itself if already pinned)."""
     if _PIN_NEEDS_DEVICE:
-        if tensor.is_pinned(device_type):  # type: ignore[call-arg]
+        if tensor.is_pinned(device_type):
             return tensor
-        return tensor.pin_memory(device_type)  # type: ignore[call-arg]
+        return tensor.pin_memory(device_type)
     return tensor if tensor.is_pinned() else tensor.pin_memory()
