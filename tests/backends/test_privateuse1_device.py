@@ -22,9 +22,10 @@ import accel
 import accel.distributed
 from accel import _compat
 from backends.privateuse1 import PrivateUse1Backend, registered_device
+from backends.recording import RecordingBackend
 from checkpointing import apply_activation_checkpointing, checkpoint, checkpoint_sequential
 from checkpointing._measure import LiveActivationMeter
-from offload import OffloadModel
+from offload import OffloadModel, State
 
 NO_DEVICE = (
     "no device has joined torch through PrivateUse1 here (CI's openreg cell builds PyTorch's "
@@ -149,7 +150,13 @@ def _step(
     out.square().mean().backward()
     assert x.grad is not None
     grads = [p.grad.cpu() for p in model.parameters() if p.grad is not None]
-    return (out.detach().cpu(), x.grad.cpu(), *grads, torch.get_rng_state(), backend.get_rng_state())
+    return (
+        out.detach().cpu(),
+        x.grad.cpu(),
+        *grads,
+        torch.get_rng_state(),
+        backend.get_rng_state(),
+    )
 
 
 def _assert_equal(actual: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> None:
@@ -222,3 +229,19 @@ def test_offload_model_trains_like_the_plain_model(
         opt.zero_grad()
     for got, want in zip(model.parameters(), plain.parameters(), strict=True):
         assert got.device.type == "cpu" and torch.equal(got, want.cpu())
+
+
+def test_offload_model_prefetches_the_next_slice_on_a_side_stream(
+    backend: PrivateUse1Backend,
+) -> None:
+    # torch refuses a PrivateUse1 tensor as a host parameter's .data, so offload copies;
+    # with streams, the next slice's copy runs on the copy stream while a slice computes.
+    recording = RecordingBackend(backend)
+    model = OffloadModel(_mlp(), num_slices=3, backend=recording)
+    assert model._copied is not None
+    plain = _mlp().to(backend.device())
+    recording.clear()
+    _assert_equal(_step(backend, model, model), _step(backend, plain, plain))
+    assert recording.count("stream") >= 2  # slices 1 and 2 came ahead, on the copy stream
+    assert recording.count("record_stream") >= 2  # their copies marked as used by compute
+    assert model.state is State.IDLE and model.is_home()

@@ -36,7 +36,9 @@ def device_name() -> str:
 def test_lightning_trains_on_the_device_like_plain_sgd(
     device_name: str, common: ModuleType
 ) -> None:
-    pytest.importorskip("lightning", reason="Lightning is not installed (pip install '.[lightning]')")
+    pytest.importorskip(
+        "lightning", reason="Lightning is not installed (pip install '.[lightning]')"
+    )
     import lightning.pytorch as pl
 
     from accel.integrations.lightning import trainer_kwargs
@@ -63,7 +65,9 @@ def test_lightning_trains_on_the_device_like_plain_sgd(
 
 
 def test_deepspeeds_accelerator_answers_for_the_device(device_name: str) -> None:
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install '.[deepspeed]')")
+    pytest.importorskip(
+        "deepspeed", reason="DeepSpeed is not installed (pip install '.[deepspeed]')"
+    )
     from accel.integrations.deepspeed import accelerator
 
     backend = accel.get_backend(device_name)
