@@ -21,24 +21,16 @@ from torch import nn
 import accel
 import accel.distributed
 from accel import _compat
-from backends.privateuse1 import PrivateUse1Backend, registered_device
+from backends.privateuse1 import PrivateUse1Backend
 from backends.recording import RecordingBackend
 from checkpointing import apply_activation_checkpointing, checkpoint, checkpoint_sequential
 from checkpointing._measure import LiveActivationMeter
 from offload import OffloadModel, State
 
-NO_DEVICE = (
-    "no device has joined torch through PrivateUse1 here (CI's openreg cell builds PyTorch's "
-    "reference device: bash ../shared/openreg/build.sh PYTHON)"
-)
-
 
 @pytest.fixture
-def backend() -> PrivateUse1Backend:
-    name = registered_device()
-    if name is None:
-        pytest.skip(NO_DEVICE)
-    found = accel.get_backend(name)
+def backend(privateuse1_device: str) -> PrivateUse1Backend:
+    found = accel.get_backend(privateuse1_device)
     assert isinstance(found, PrivateUse1Backend)
     return found
 
