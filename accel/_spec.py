@@ -56,9 +56,9 @@ class BackendSpec:
             library that patches torch, and must not raise.
         description: One line shown by ``python -m accel``.
         priority: Auto-detection order, highest first. Accelerators use positive
-            values (built-ins: hpu 300, cuda 200, xpu 150, mps 100); ``cpu`` is 0 and
-            is the fallback. Backends that must only be chosen by name use a
-            negative value.
+            values (built-ins: hpu 300, xla 250, the PrivateUse1 device 225, cuda 200,
+            xpu 150, mps 100); ``cpu`` is 0 and is the fallback. Backends that must only
+            be chosen by name use a negative value.
         named_probe: Optional. Replaces ``probe`` when the user names the backend
             (``get_backend(name)`` or ``ACCEL``), so it may ask the vendor library
             itself, importing it (what the user asked for); auto-detection and

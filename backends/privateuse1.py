@@ -49,6 +49,7 @@ from ._null import NullEvent, NullStream, null_stream_context
 from ._torch_device import TorchDeviceBackend
 
 __all__ = [
+    "PRIORITY",
     "UNDEFINED_COMMUNICATION",
     "UNREGISTERED_NAME",
     "PrivateUse1Backend",
