@@ -22,15 +22,21 @@ import torch.utils.checkpoint
 __all__ = [
     "CHECKPOINT_TAKES_EARLY_STOP",
     "CHECKPOINT_TAKES_RESPECT_HOOKS",
+    "DEVICE_BACKENDS_AUTOLOAD",
+    "PRIVATEUSE1_DEFAULT_NAME",
     "REENTRANT_OPTIONS_MESSAGE",
     "SAVED_TENSORS_HOOKS_VISIBLE",
+    "accelerator_function",
     "checkpoint_debug_leaks_on_error",
     "checkpoint_early_stop",
     "checkpoint_supports_vmap",
     "current_saved_tensors_hooks",
+    "default_communication_backend",
     "graph_exec_group",
     "keep_selective_cache_outside_hooks",
     "missing_use_reentrant_warning",
+    "pin_memory",
+    "privateuse1_device_type",
     "selective_cache_allows_mutation",
     "selective_checkpoint_api",
     "selective_contexts",
@@ -278,3 +284,66 @@ def selective_contexts(create: Callable[..., Any], policy_fn: Callable[..., Any]
     if selective_cache_allows_mutation():
         return create(policy_fn, allow_cache_entry_mutation=True)
     return create(policy_fn)
+
+
+# Devices that join torch through PrivateUse1 ------------------------------------------
+
+#: torch 2.5 added autoloading of the ``torch.backends`` entry points at ``import torch``;
+#: on 2.4 a PrivateUse1 device exists only once its vendor package has been imported.
+DEVICE_BACKENDS_AUTOLOAD = torch_release() >= (2, 5)
+
+#: PrivateUse1's device type before any ``torch.utils.rename_privateuse1_backend``.
+PRIVATEUSE1_DEFAULT_NAME = "privateuseone"
+
+
+def privateuse1_device_type() -> str | None:
+    """Return the name a vendor gave torch's PrivateUse1 device, or ``None`` if none did.
+
+    ``torch.device("privateuseone")`` parses to the PrivateUse1 device type, whose name
+    is the renamed one once a vendor called ``rename_privateuse1_backend`` (2.4 to 2.15
+    alike). Reads a name only: initialises nothing.
+    """
+    name = torch.device(PRIVATEUSE1_DEFAULT_NAME).type
+    return None if name == PRIVATEUSE1_DEFAULT_NAME else name
+
+
+def accelerator_function(name: str) -> Callable[..., Any] | None:
+    """Return ``torch.accelerator.<name>``, or ``None`` where this release lacks it.
+
+    ``torch.accelerator`` arrived in 2.6 (device and stream members), memory members in
+    2.9 and ``get_memory_info`` in 2.10 (``../shared/research``'s table, per release).
+    """
+    module = getattr(torch, "accelerator", None)
+    function = getattr(module, name, None)
+    return function if callable(function) else None
+
+
+def default_communication_backend(device_type: str) -> str | None:
+    """Return the ``torch.distributed`` backend torch maps ``device_type`` to, if any.
+
+    ``Backend.default_device_backend_map`` exists in 2.4 to 2.15 (2.6 added ``xpu``, 2.8
+    ``mps``); a vendor's ``register_backend(..., devices=[...])`` adds its device there.
+    ``None`` where torch has no distributed support or no entry for the device.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    mapping: dict[str, str] = getattr(dist.Backend, "default_device_backend_map", {})
+    found = mapping.get(device_type)
+    return None if found is None else str(found)
+
+
+# torch 2.4's Tensor.pin_memory()/is_pinned() default to CUDA and need ``device=`` for
+# any other accelerator; from 2.5 they use the current accelerator, and passing
+# ``device`` gives a DeprecationWarning (pytorch#126376).
+_PIN_NEEDS_DEVICE = torch_release() < (2, 5)
+
+
+def pin_memory(tensor: torch.Tensor, device_type: str) -> torch.Tensor:
+    """Return ``tensor`` page-locked for ``device_type`` (itself if already pinned)."""
+    if _PIN_NEEDS_DEVICE:
+        if tensor.is_pinned(device_type):
+            return tensor
+        return tensor.pin_memory(device_type)
+    return tensor if tensor.is_pinned() else tensor.pin_memory()

@@ -3,7 +3,10 @@
 Discovery imports plugin modules and calls their ``accel_backends`` hook; it never calls
 a backend's factory. One broken plugin is reported (a warning, or an error under
 ``ACCEL_STRICT_PLUGINS=1``) and the others keep working. Built-in backend names are
-reserved: a plugin offering one is refused the same way. Only pluggy's public API is
+reserved: a plugin offering one is refused the same way, except the name of the generic
+backend for a PrivateUse1 device, which a plugin for that device takes over (a plugin
+declaring the device in ``BackendSpec.device_type`` leaves the generic backend to
+selection by name only). Only pluggy's public API is
 used; which distribution provided which plugin is tracked here, not read from pluggy.
 """
 
@@ -11,15 +14,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 
 import pluggy
 
 from . import _env
 from ._errors import PluginLoadError, PluginLoadWarning
 from ._hookspecs import PROJECT_NAME, BackendHookSpecs
-from ._spec import BackendSpec
+from ._spec import Availability, BackendSpec
 from ._version import __version__
 from ._warn import warn
 
@@ -39,11 +42,14 @@ BUILTIN_PLUGINS = (
     "backends.cuda",
     "backends.hpu",
     "backends.mps",
+    "backends.privateuse1",
     "backends.recording",
     "backends.xla",
     "backends.xpu",
 )
 BUILTIN = "built-in"
+#: The built-in backend that gives way to a plugin for the same device.
+GENERIC_PLUGIN = "backends.privateuse1"
 
 
 @dataclass(frozen=True)
@@ -166,12 +172,46 @@ def discover() -> Catalog:
     for provider, specs in offered:
         for spec in specs:
             if provider.distribution != BUILTIN and _is_builtin_name(entries, spec.name):
-                failures.append(_refuse_reserved_name(provider, spec.name))
-                continue
+                if entries[spec.name].providers[0].plugin != GENERIC_PLUGIN:
+                    failures.append(_refuse_reserved_name(provider, spec.name))
+                    continue
+                del entries[spec.name]  # a plugin for the device replaces the generic one
             _add_entry(entries, spec, provider)
+    _yield_to_device_plugins(entries)
     return Catalog(
         entries=entries, failures=tuple(failures), disabled=tuple(skipped), autoload=autoload
     )
+
+
+def _yield_to_device_plugins(entries: dict[str, CatalogEntry]) -> None:
+    """Keep auto-detection off the generic backend where a plugin declares its device."""
+    for name, entry in entries.items():
+        if entry.providers[0].plugin != GENERIC_PLUGIN:
+            continue
+        rivals = sorted(
+            other.spec.name
+            for other in entries.values()
+            if other.providers[0].distribution != BUILTIN and other.spec.device_type == name
+        )
+        if rivals:
+            entries[name] = replace(
+                entry, specs=(replace(entry.spec, probe=_by_name_only(entry.spec, rivals)),)
+            )
+
+
+def _by_name_only(spec: BackendSpec, rivals: list[str]) -> Callable[[], Availability]:
+    def probe() -> Availability:
+        found = spec.probe()
+        if not found.available:
+            return found
+        return Availability.by_name_only(
+            f"the installed accel plugin backend {', '.join(map(repr, rivals))} drives "
+            f"{spec.name!r} devices too, and auto-detection picks the plugin; name "
+            f"{spec.name!r} to use accel's generic backend instead.",
+            found.device_count,
+        )
+
+    return probe
 
 
 def _is_builtin_name(entries: Mapping[str, CatalogEntry], name: str) -> bool:

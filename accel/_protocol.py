@@ -277,12 +277,18 @@ class Accelerator(Protocol):
 
     @property
     def communication_backend(self) -> str:
-        """The ``torch.distributed`` backend for this device: ``nccl``, ``hccl``, ``gloo``..."""
+        """The ``torch.distributed`` backend for this device: ``nccl``, ``hccl``, ``gloo``...
+
+        ``"undefined"`` (torch's ``Backend.UNDEFINED``) on a device for which torch has
+        none; :meth:`prepare_distributed` then raises, saying so.
+        """
 
     def prepare_distributed(self) -> None:
         """Do what must happen before ``torch.distributed.init_process_group``.
 
-        Idempotent; a no-op where nothing is needed.
+        Idempotent; a no-op where nothing is needed. Raises
+        :class:`accel.DistributedSetupError` where the device has no communication
+        backend.
         """
 
 

@@ -111,7 +111,7 @@ def get_backend(name: str | None = None) -> Accelerator:
     Args:
         name: Backend name (trimmed, case-insensitive). ``None`` reads ``ACCEL``,
             and when that is unset too, picks the highest-priority available
-            accelerator (hpu, then cuda, then other accelerators), else ``cpu``.
+            accelerator (hpu, then a PrivateUse1 device, cuda, then others), else ``cpu``.
             When auto-detection's pick fails to start (its factory raises), it warns
             once with :class:`BackendFallbackWarning` and takes the next available
             backend, down to ``cpu``; a name or ``ACCEL`` raises instead.

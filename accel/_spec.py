@@ -56,9 +56,9 @@ class BackendSpec:
             library that patches torch, and must not raise.
         description: One line shown by ``python -m accel``.
         priority: Auto-detection order, highest first. Accelerators use positive
-            values (built-ins: hpu 300, cuda 200, xpu 150, mps 100); ``cpu`` is 0 and
-            is the fallback. Backends that must only be chosen by name use a
-            negative value.
+            values (built-ins: hpu 300, xla 250, the PrivateUse1 device 225, cuda 200,
+            xpu 150, mps 100); ``cpu`` is 0 and is the fallback. Backends that must only
+            be chosen by name use a negative value.
         named_probe: Optional. Replaces ``probe`` when the user names the backend
             (``get_backend(name)`` or ``ACCEL``), so it may ask the vendor library
             itself, importing it (what the user asked for); auto-detection and
@@ -69,6 +69,11 @@ class BackendSpec:
             records ``LOCAL_RANK`` when it creates such a backend, and
             :func:`accel.distributed.init_process_group` refuses a local rank other
             than that one, before creating the backend where it can.
+        device_type: Optional. The ``torch.device`` type the backend computes on, where
+            the plugin knows it without creating the backend. A plugin for a device that
+            joins torch through PrivateUse1 sets it (or uses the device's name as its
+            own): accel's generic backend for that device then leaves auto-detection
+            to the plugin.
     """
 
     name: str
@@ -78,6 +83,7 @@ class BackendSpec:
     priority: int = field(default=-1)
     named_probe: Callable[[], Availability] | None = None
     binds_device_at_creation: bool = False
+    device_type: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_PATTERN.match(self.name):
@@ -95,6 +101,11 @@ class BackendSpec:
             raise TypeError(
                 f"BackendSpec {self.name!r}: binds_device_at_creation must be a bool, "
                 f"got {type(self.binds_device_at_creation).__name__}."
+            )
+        if self.device_type is not None and not isinstance(self.device_type, str):
+            raise TypeError(
+                f"BackendSpec {self.name!r}: device_type must be a str such as 'npu' or "
+                f"None, got {type(self.device_type).__name__}."
             )
         if self.named_probe is not None and not callable(self.named_probe):
             raise TypeError(

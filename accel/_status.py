@@ -15,6 +15,9 @@ __all__ = [
     "why_unknown",
 ]
 
+#: The generic PrivateUse1 backend's name while no device has joined torch that way.
+UNREGISTERED_DEVICE = "privateuse1"
+
 
 def why_unknown(catalog: Catalog, name: str) -> str:
     """Say why ``name`` may be missing: plugins off, disabled or broken, else a typo."""
@@ -36,6 +39,11 @@ def why_unknown(catalog: Catalog, name: str) -> str:
                 f"load ({failure.error}); fix or reinstall it."
             )
     hints = []
+    generic = catalog.entries.get(UNREGISTERED_DEVICE)
+    if generic is not None:
+        reason = probe(generic).reason
+        if reason:
+            hints.append(f"If {name!r} is a device that joins torch through PrivateUse1: {reason}")
     if catalog.failures:
         broken = "; ".join(f"{f.provider.describe()} ({f.error})" for f in catalog.failures)
         hints.append(f"These plugins failed to load and may provide it: {broken}.")

@@ -1,20 +1,29 @@
-"""A backend over one of torch's built-in device modules with the CUDA-style API.
+"""The one home of accel's CUDA-style device code: a device driven through a torch module.
 
-``torch.cuda`` and ``torch.xpu`` expose the same functions (streams, events, memory
-statistics, per-device generators), so one class serves both; the subclasses only name
-the module and the communication backend.
+``torch.cuda``, ``torch.xpu`` and the module a PrivateUse1 vendor registers
+(``torch.npu``, ``torch.musa``, PyTorch's reference ``torch.openreg``) share the same
+shape: device count and index, per-device generators, streams, events, memory
+statistics, pinned host memory. One class serves them all. Each member asks the device
+module first and, where the module lacks the function, ``torch.accelerator`` (torch 2.6
+and later; memory members from 2.9) and the generic ``torch.Stream``/``torch.Event``.
+The ``cuda`` and ``xpu`` backends only name their module and communication backend;
+the generic PrivateUse1 backend (:mod:`backends.privateuse1`) finds its capabilities
+out instead of declaring them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from accel import _compat
+
 from ._common import autocast_kwargs_for, checked_index, forked_rng
+from ._generic_streams import GenericEvent, GenericStream, stream_context
 
 __all__ = ["TorchDeviceBackend"]
 
@@ -35,15 +44,32 @@ class TorchDeviceBackend:
     def __init__(self, module: ModuleType) -> None:
         self._module = module
 
+    def _function(self, name: str) -> Callable[..., Any] | None:
+        """The device module's ``name``, else ``torch.accelerator``'s, else ``None``."""
+        found = getattr(self._module, name, None)
+        return found if callable(found) else _compat.accelerator_function(name)
+
+    def _required(self, name: str) -> Callable[..., Any]:
+        function = self._function(name)
+        if function is None:
+            raise NotImplementedError(
+                f"{self.name}: neither torch.{self.device_type} nor torch.accelerator (torch "
+                f"{torch.__version__}) has {name}(); upgrade torch, or install an accel plugin "
+                f"for {self.device_type!r} that provides it."
+            )
+        return function
+
     @property
     def Stream(self) -> Any:
-        """The device module's stream class."""
-        return self._module.Stream
+        """The device module's stream class, else a maker of generic ``torch.Stream``."""
+        own = getattr(self._module, "Stream", None)
+        return own if own is not None else GenericStream(self.device)
 
     @property
     def Event(self) -> Any:
-        """The device module's event class."""
-        return self._module.Event
+        """The device module's event class, else a maker of generic ``torch.Event``."""
+        own = getattr(self._module, "Event", None)
+        return own if own is not None else GenericEvent(self.device_type)
 
     def device(self, index: int | None = None) -> torch.device:
         """Return ``torch.device(type, index)``; ``None`` is the current device.
@@ -52,10 +78,16 @@ class TorchDeviceBackend:
         An explicit index is checked against :meth:`device_count` (same conditions).
         """
         if index is None:
-            index = self._module.current_device() if self._module.is_initialized() else 0
+            index = self._module.current_device() if self._initialized() else 0
         else:
             checked_index(self.name, index, self.device_count())
         return torch.device(self.device_type, index)
+
+    def _initialized(self) -> bool:
+        check = getattr(self._module, "is_initialized", None)
+        # A module without is_initialized cannot say; asking for the current device is
+        # then the only way to know it (the module contract requires current_device).
+        return bool(check()) if callable(check) else True
 
     def device_count(self) -> int:
         """Return the visible device count; each index below it is usable.
@@ -72,7 +104,12 @@ class TorchDeviceBackend:
 
     def set_device(self, index: int) -> None:
         """Make ``index`` current; :class:`accel.DeviceIndexError` if it is not visible."""
-        self._module.set_device(checked_index(self.name, index, self.device_count()))
+        checked = checked_index(self.name, index, self.device_count())
+        own = getattr(self._module, "set_device", None)
+        if callable(own):
+            own(checked)
+        else:
+            self._required("set_device_index")(checked)
 
     def is_available(self) -> bool:
         """Return whether a device is visible (counted as :meth:`device_count` counts)."""
@@ -80,14 +117,19 @@ class TorchDeviceBackend:
 
     def synchronize(self) -> None:
         """Wait for all work on the current device."""
-        self._module.synchronize()
+        self._required("synchronize")()
 
     def mark_step(self) -> None:
         """Do nothing: this device runs eagerly."""
 
     def manual_seed(self, seed: int) -> None:
-        """Seed the current device's generator."""
-        self._module.manual_seed(seed)
+        """Seed the current device's generator.
+
+        A module without ``manual_seed`` (the PrivateUse1 contract requires only
+        ``manual_seed_all``) seeds every device's generator.
+        """
+        own = getattr(self._module, "manual_seed", None)
+        (own if callable(own) else self._module.manual_seed_all)(seed)
 
     def get_rng_state(self, index: int | None = None) -> torch.Tensor:
         """Return the generator state of device ``index`` (default: the current device)."""
@@ -109,7 +151,8 @@ class TorchDeviceBackend:
     ) -> AbstractContextManager[None]:
         """Return a context that restores the CPU generator and those of ``devices`` on exit.
 
-        ``devices=None`` means the current device.
+        ``devices=None`` means the current device. The CPU generator is restored too, so
+        a device whose random operators draw from it is covered as well.
         """
         return forked_rng(enabled, self.get_rng_state, self.set_rng_state, devices)
 
@@ -119,12 +162,18 @@ class TorchDeviceBackend:
 
     def current_stream(self) -> Any:
         """Return the current stream of the current device."""
-        return self._module.current_stream()
+        own = getattr(self._module, "current_stream", None)
+        if callable(own):
+            return own()
+        return self._required("current_stream")(self.device())
 
     def stream(self, stream: Any) -> AbstractContextManager[Any]:
         """Return a context that queues work on ``stream``."""
-        context: AbstractContextManager[Any] = self._module.stream(stream)
-        return context
+        own = getattr(self._module, "stream", None)
+        if callable(own):
+            context: AbstractContextManager[Any] = own(stream)
+            return context
+        return stream_context(stream)
 
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         """Keep ``tensor``'s memory from reuse until work queued on ``stream`` is done."""
@@ -132,26 +181,29 @@ class TorchDeviceBackend:
 
     def memory_allocated(self) -> int:
         """Return bytes held by tensors on the current device."""
-        return int(self._module.memory_allocated())
+        return int(self._required("memory_allocated")())
 
     def max_memory_allocated(self) -> int:
         """Return the peak of :meth:`memory_allocated` since the last reset."""
-        return int(self._module.max_memory_allocated())
+        return int(self._required("max_memory_allocated")())
 
     def reset_peak_memory_stats(self) -> None:
         """Start a new peak."""
-        self._module.reset_peak_memory_stats()
+        self._required("reset_peak_memory_stats")()
 
     def empty_cache(self) -> None:
         """Release cached blocks that no tensor uses."""
-        self._module.empty_cache()
+        self._required("empty_cache")()
 
     def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
         """Return ``tensor`` in page-locked memory (itself if already pinned)."""
-        return tensor if tensor.is_pinned() else tensor.pin_memory()
+        return _compat.pin_memory(tensor, self.device_type)
 
     def empty_pinned(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """Return a new page-locked host tensor, allocated pinned (no pageable copy)."""
+        # torch.empty(pin_memory=True) finds the device's host allocator itself: CUDA
+        # first, then (2.4 to 2.8) the other built-in hooks and PrivateUse1's, from 2.9
+        # the current accelerator's.
         return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
 
     def is_bf16_supported(self) -> bool:

@@ -9,6 +9,11 @@ it, the copies the slice's forward saves for backward stay on the device until t
 
 No ``mark_step`` between slices: on a lazy device a step advances the random seed, so
 dropout would draw other masks than the model without offload.
+
+Where the backend has streams (a PrivateUse1 device: torch refuses it the ``.data`` swap
+too), the forward prefetches: while a slice computes, the next slice's parameters and
+buffers are copied on the copy stream, and the compute stream waits for that copy's
+event before the next slice uses them. A recomputation copies its slice itself.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from checkpointing._checkpoint import run_checkpoint
 
 from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
 from ._copies import Slots, load, slots_of, substituted, unique, write_back
+from ._transfer import Transfers
 
 __all__ = ["CopiedSlices"]
 
@@ -61,6 +67,8 @@ class CopiedSlices:
             self._slices.append((f"slice {index} ({span})", chunk, slots_of(chunk)))
         self._backend = backend
         self._device = device
+        self._transfers = Transfers(backend) if backend.supports_streams else None
+        self._ahead: dict[int, tuple[list[torch.Tensor], Any]] = {}
         self._checkpoint = checkpoint_activation
         self._microbatches = num_microbatches
         self._batched = batched_kwargs
@@ -69,6 +77,14 @@ class CopiedSlices:
         self, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int | None
     ) -> tuple[tuple[Any, ...], bool]:
         """Run every slice; return the last one's values and whether it returned a tuple."""
+        try:
+            return self._forward(args, kwargs, batch)
+        finally:
+            self._ahead.clear()  # a forward that raised may leave a prefetch behind
+
+    def _forward(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int | None
+    ) -> tuple[tuple[Any, ...], bool]:
         values: tuple[Any, ...] = args
         returned_tuple = True
         for index, (name, _, _) in enumerate(self._slices):
@@ -107,9 +123,12 @@ class CopiedSlices:
     def _layers(self, index: int, spec: Spec, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         name, layers, slots = self._slices[index]
         hosts = unique(slots)
-        copies = {
-            id(host): copy for host, copy in zip(hosts, load(self._device, hosts), strict=True)
-        }
+        recomputing = is_recomputing()
+        ready = None if recomputing else self._take(index)
+        if not recomputing:
+            self._prefetch(index + 1)
+        loaded = load(self._device, hosts, ready)
+        copies = {id(host): copy for host, copy in zip(hosts, loaded, strict=True)}
         args, kwargs = unflatten(spec, tensors)
         returned_tuple = True
         with substituted(slots, copies):
@@ -122,3 +141,29 @@ class CopiedSlices:
         outputs, self._out_spec = flatten(args, {}, where=f"a value returned by {name}")
         self._returned_tuple = returned_tuple
         return tuple(outputs)
+
+    def _prefetch(self, index: int) -> None:
+        """Copy slice ``index``'s tensors to the device on the copy stream, ahead of use."""
+        transfers = self._transfers
+        if transfers is None or index >= len(self._slices) or index in self._ahead:
+            return
+        hosts = unique(self._slices[index][2])
+        with torch.no_grad(), transfers.on_copy_stream():
+            copies = [
+                host.to(self._device, non_blocking=transfers.non_blocking, copy=True)
+                for host in hosts
+            ]
+        self._ahead[index] = (copies, transfers.copy_event())
+
+    def _take(self, index: int) -> list[torch.Tensor] | None:
+        """Slice ``index``'s prefetched copies, ordered before the compute stream's work."""
+        found = self._ahead.pop(index, None)
+        if found is None or self._transfers is None:
+            return None
+        copies, copied = found
+        self._transfers.compute_waits(copied)
+        compute = self._backend.current_stream()
+        for copy in copies:
+            # Allocated on the copy stream, used (and freed) on the compute stream.
+            self._transfers.used_by(copy, compute)
+        return copies

@@ -70,3 +70,20 @@ def habana_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[M
         yield activation.recorder
     finally:
         habana_double_helpers.deactivate(activation)
+
+
+NO_PRIVATEUSE1_DEVICE = (
+    "no device has joined torch through PrivateUse1 here (CI's openreg cell builds PyTorch's "
+    "reference device: bash ../shared/openreg/build.sh PYTHON)"
+)
+
+
+@pytest.fixture
+def privateuse1_device() -> str:
+    """The device type a vendor registered through PrivateUse1; skips where there is none."""
+    from backends.privateuse1 import registered_device
+
+    name = registered_device()
+    if name is None:
+        pytest.skip(NO_PRIVATEUSE1_DEVICE)
+    return name

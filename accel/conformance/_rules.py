@@ -25,7 +25,10 @@ RULES: dict[str, str] = {
     "memory-stats": "memory statistics are non-negative ints that track allocations",
     "mark-step": "mark_step() is callable any time, including inside backward",
     "recompute-barrier": "the recompute barrier (own or accel's default) keeps values and grads",
-    "distributed": "communication_backend is a torch.distributed backend after preparation",
+    "distributed": (
+        "communication_backend is a torch.distributed backend after preparation, or "
+        "'undefined' where prepare_distributed() raises DistributedSetupError"
+    ),
     "dtypes": "is_bf16_supported()/is_fp16_supported() are booleans that hold",
     "checkpoint-dropout": "dropout inside a checkpoint gives the plain run's gradients",
     "checkpoint-compile": "under torch.compile the checkpoint gives torch's checkpoint's results",

@@ -54,7 +54,20 @@ def test_recompute_barrier_keeps_values_and_gradients(accel_backend: Accelerator
 
 
 def test_communication_backend(accel_backend: Accelerator) -> None:
-    accel_backend.prepare_distributed()
+    try:
+        accel_backend.prepare_distributed()
+    except accel.DistributedSetupError as exc:
+        # A device torch has no communication backend for says so, and names none.
+        name = accel_backend.communication_backend
+        assert name == "undefined", rule(
+            "distributed",
+            f"prepare_distributed() raised ({exc}) but communication_backend is {name!r}, "
+            "not 'undefined' (torch.distributed.Backend.UNDEFINED)",
+        )
+        assert str(exc).rstrip().endswith("."), rule(
+            "distributed", f"prepare_distributed()'s error is not a sentence: {exc}"
+        )
+        return
     accel_backend.prepare_distributed()
     name = accel_backend.communication_backend
     known = {str(item).lower() for item in dist.Backend.backend_list}

@@ -13,6 +13,7 @@ from accel import (
     ProtocolViolationError,
 )
 from accel._discovery import discover
+from backends.privateuse1 import UNREGISTERED_NAME, registered_device
 
 BROKEN_PLUGINS = {"fakebroken", "fakehookerror", "fakenohook"}
 
@@ -73,7 +74,8 @@ def test_disabled_plugins_are_skipped_silently(
 def test_autoload_can_be_disabled(plugin_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACCEL_DISABLE_PLUGIN_AUTOLOAD", "1")
     names = {info.name for info in accel.list_backends()}
-    assert names == {"cpu", "cuda", "hpu", "mps", "recording", "xla", "xpu"}
+    generic = registered_device() or UNREGISTERED_NAME
+    assert names == {"cpu", "cuda", "hpu", "mps", "recording", "xla", "xpu", generic}
 
 
 def test_protocol_violation_names_missing_members(plugin_site: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 import accel
 from accel import BackendFallbackWarning, BackendUnavailableError
+from backends.privateuse1 import UNREGISTERED_NAME, registered_device
 
 
 def test_auto_detection_warns_once_and_takes_the_next(fallback_site: Path) -> None:
@@ -70,7 +71,7 @@ def test_no_backend_left_raises_naming_what_failed(
     entries = dict(catalog.entries)
     cpu = entries["cpu"]
     entries["cpu"] = replace(cpu, specs=(replace(cpu.spec, factory=broken_cpu),))
-    for name in ("cuda", "hpu", "xla", "xpu", "mps"):
+    for name in ("cuda", "hpu", "xla", "xpu", "mps", registered_device() or UNREGISTERED_NAME):
         del entries[name]
     monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
     with pytest.warns(BackendFallbackWarning), pytest.raises(BackendUnavailableError) as info:

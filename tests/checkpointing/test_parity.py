@@ -1,7 +1,8 @@
 """Checkpointed runs give the plain run's outputs, gradients, buffers and generator states.
 
-Every comparison is bit-exact (``torch.equal``) on the host, where the recomputation
-runs the same kernels on the same inputs with the same generator state. On other
+Every comparison is bit-exact (``torch.equal``) on the host (and on PyTorch's reference
+PrivateUse1 device, whose kernels are the host's), where the recomputation runs the same
+kernels on the same inputs with the same generator state. On other
 devices some backward kernels accumulate with atomics, so there the comparison uses
 ``torch.testing.assert_close`` with its default (dtype-aware) tolerances.
 """
@@ -28,6 +29,9 @@ from checkpointing import (
 # Backend-generic tests put tensors on the backend's device.
 pytestmark = pytest.mark.accel_requires("tensors")
 
+# Devices whose kernels are the host's, so a recomputation is bit-identical: the CPU, and
+# PyTorch's reference PrivateUse1 device (its operators run on the CPU underneath).
+HOST_KERNEL_DEVICES = ("cpu", "openreg")
 MODES = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reentrant")]
 SEED = 1234
 
@@ -40,7 +44,7 @@ def assert_same(actual: Any, expected: Any, backend: Accelerator, what: str = "v
     if isinstance(expected, torch.Tensor):
         assert isinstance(actual, torch.Tensor), f"{what}: {type(actual).__name__}, not a tensor"
         assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-        if backend.device_type == "cpu":
+        if backend.device_type in HOST_KERNEL_DEVICES:
             assert torch.equal(actual, expected), f"{what}: tensors differ"
         else:
             torch.testing.assert_close(actual, expected, msg=f"{what}: tensors differ")
@@ -223,11 +227,13 @@ def test_autocast_dtype_is_replayed_in_recomputation(
 ) -> None:
     if not accel_backend.is_bf16_supported():
         pytest.skip("bfloat16 is not supported on this backend.")
-    linear = nn.Linear(8, 8).to(accel_backend.device())
+    # A plain matmul (mm): the one operator every device's autocast lowers (PyTorch's
+    # reference PrivateUse1 device lowers only mm, not linear's addmm).
+    weight = torch.randn(8, 8, device=accel_backend.device(), requires_grad=True)
     seen: list[torch.dtype] = []
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        out = linear(x)
+        out = x @ weight
         seen.append(out.dtype)
         return out
 
@@ -671,8 +677,21 @@ def test_retain_graph_recomputes_again_non_reentrant(accel_backend: Accelerator)
 # Offload ---------------------------------------------------------------------------------------
 
 
+def _mlp_block() -> nn.Module:
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 16))
+
+
+BLOCKS = [
+    pytest.param(_transformer_layer, id="transformer"),
+    pytest.param(_mlp_block, id="mlp"),
+]
+
+
+@pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("reentrant", MODES)
-def test_offload_to_cpu(accel_backend: Accelerator, reentrant: bool) -> None:
+def test_offload_to_cpu(
+    accel_backend: Accelerator, reentrant: bool, block: Callable[[], nn.Module]
+) -> None:
     def wrap(model: nn.Module) -> nn.Module:
         wrapped = checkpoint_wrapper(model, offload_to_cpu=True, use_reentrant=reentrant)
         assert isinstance(wrapped, CheckpointWrapper) and wrapped.offload_to_cpu
@@ -680,7 +699,7 @@ def test_offload_to_cpu(accel_backend: Accelerator, reentrant: bool) -> None:
 
     compare(
         accel_backend,
-        _model(_transformer_layer),
+        _model(block),
         inputs_factory(accel_backend, (3, 5, 16)),
         lambda m, x: m(x),
         lambda m, x: m(x),

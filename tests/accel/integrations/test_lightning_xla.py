@@ -21,19 +21,11 @@ from backends.recording import RecordingBackend
 
 
 def test_lightning_trains_on_xla_through_accel(xla: accel.Accelerator, common: ModuleType) -> None:
-    import lightning.pytorch as pl
-
     devices: list[torch.device] = []
-
-    class Where(pl.Callback):
-        def on_train_batch_end(
-            self, trainer: pl.Trainer, module: pl.LightningModule, *_: object
-        ) -> None:
-            devices.extend(parameter.device for parameter in module.parameters())
 
     backend = RecordingBackend(xla)  # counts the protocol calls, XLA does the work
     model = common.make_model()
-    kwargs = trainer_kwargs(backend) | {"callbacks": [Where()]}
+    kwargs = trainer_kwargs(backend) | {"callbacks": [common.parameter_devices(devices)]}
     trainer = common.fit(kwargs, common.lightning_module(model), common.batches())
 
     assert trainer.strategy.root_device.type == "xla"

@@ -119,6 +119,19 @@ def lightning_module(model: nn.Module, seen: list[dict[str, Any]] | None = None)
     return Regression()
 
 
+def parameter_devices(devices: list[torch.device]) -> Any:
+    """A Lightning callback that appends the module's parameter devices after every batch."""
+    import lightning.pytorch as pl
+
+    class ParameterDevices(pl.Callback):
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, module: pl.LightningModule, *_: object
+        ) -> None:
+            devices.extend(parameter.device for parameter in module.parameters())
+
+    return ParameterDevices()
+
+
 def fit(
     trainer_kwargs: dict[str, Any],
     module: Any,
