@@ -49,6 +49,7 @@ class Candidate:
     estimated_seconds: float
     measured_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
+    reason: str = ""  # why the planner took it or not (ConsideredPlan.reason)
 
     def fits(self, budget: int) -> bool:
         return self.estimated_bytes <= budget

@@ -25,11 +25,15 @@ class Knapsack:
     are merged by min-plus convolution, so the cost is O(M * B^2) time and O(M * B)
     memory for M modules and B = ``BUCKETS`` (B^2 = 10^6 tensor operations per module
     with submodules).
+
+    The unit is the same for every budget, so ``best[s]`` is one table whatever the
+    budget: a looser budget needs fewer units and, the table never decreasing, never
+    gets a plan with more estimated recompute time than a tighter one.
     """
 
     def __init__(self, profile: StepProfile, need: int, options: dict[str, list[Option]]) -> None:
         self.profile = profile
-        self.unit = max(need / BUCKETS, 1.0)
+        self.unit = max(profile.plain_bytes / BUCKETS, 1.0)
         self.size = math.ceil(need / self.unit)
         self.options = options
         targets = torch.arange(self.size + 1)

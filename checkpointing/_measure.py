@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -67,6 +68,17 @@ class LiveActivationMeter:
     whoever holds it: autograd's saved tensors, a selective checkpoint's cache of kept
     operator outputs, the output itself. Used by the budget benchmark and tests, where
     :class:`SavedTensorMeter` would miss what a selective policy keeps outside autograd.
+
+    :attr:`peak_bytes` is the most those storages held at once while the context was
+    active (counted at every operator, freed storages subtracted as they go): the peak
+    of a whole training step, or of planning, on a device whose allocator keeps no
+    statistics (the host).
+
+    Example::
+
+        with LiveActivationMeter(exclude=model.parameters()) as meter:
+            model(x).sum().backward()
+        print(meter.peak_bytes)     # the step's peak of live tensors
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
@@ -76,11 +88,35 @@ class LiveActivationMeter:
         excluded = {tensor.untyped_storage().data_ptr() for tensor in exclude}
         created: list[tuple[Any, int]] = []
         self._created = created
+        tracked: dict[int, int] = {}  # storage (cdata) to bytes, while alive
+        foreign: set[int] = set()  # storages that were there before (inputs), alive
+        totals = [0, 0]  # bytes alive now, the most alive at once
+        self._tracked, self._foreign, self._totals = tracked, foreign, totals
+
+        def freed(key: int) -> None:
+            totals[0] -= tracked.pop(key, 0)
+            foreign.discard(key)
+
+        def track(storage: Any) -> None:
+            key = StorageWeakRef(storage).cdata
+            if key in tracked or key in foreign:
+                return
+            tracked[key] = storage.nbytes()
+            totals[0] += tracked[key]
+            totals[1] = max(totals)
+            weakref.finalize(storage, freed, key)
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
+                for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+                    if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+                        storage = leaf.untyped_storage()
+                        key = StorageWeakRef(storage).cdata
+                        if key not in tracked and key not in foreign:
+                            foreign.add(key)
+                            weakref.finalize(storage, freed, key)
                 out = func(*args, **(kwargs or {}))
                 leaves, _ = torch.utils._pytree.tree_flatten(out)
                 for leaf in leaves:
@@ -88,6 +124,7 @@ class LiveActivationMeter:
                         storage = leaf.untyped_storage()
                         if storage.data_ptr() not in excluded:
                             created.append((StorageWeakRef(storage), storage.nbytes()))
+                            track(storage)
                 return out
 
         self._mode = _Mode()
@@ -98,8 +135,14 @@ class LiveActivationMeter:
         alive = {ref.cdata: size for ref, size in self._created if not ref.expired()}
         return sum(alive.values())
 
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes the storages created in the context held at once."""
+        return self._totals[1]
+
     def __enter__(self) -> LiveActivationMeter:
         self._created.clear()
+        self._totals[1] = self._totals[0] = sum(self._tracked.values())
         self._mode.__enter__()
         return self
 

@@ -99,6 +99,7 @@ class ConsideredPlan:
     measured_seconds: float | None  # recompute time measured in place, if timed
     fits: bool  # estimated bytes within the budget (less any overshoot measured in place)
     taken: bool
+    reason: str = ""  # why it was taken or not: the estimate, or in-place timing rounds
 
 
 def _mib(count: int) -> str:
@@ -124,10 +125,11 @@ class CheckpointPlan:
         estimated_step_time_ratio: Expected step time over the plain step time.
         budget_bytes: The budget the plan was made for, in bytes.
         step_seconds: The measured plain step time.
-        device_peak_bytes: The device's peak allocation during the profiled forward
-            (``max_memory_allocated``), above what was allocated before it, or ``None``.
-        device_bytes: Memory the device held after the profiled forward (the device's
-            own statistics), or ``None`` where the backend keeps none.
+        device_peak_bytes: The device's peak allocation while planning
+            (``max_memory_allocated``), above what was allocated before, or ``None``
+            where the backend keeps no memory statistics.
+        device_bytes: Memory planning left allocated on the device (0 unless
+            something leaked), or ``None`` where the backend keeps no statistics.
         note: Why a grain was unavailable, or empty.
         kept_calls: For each ``"keep costly ops"`` module, the ``(operator,
             occurrence)`` calls whose outputs it keeps.
@@ -247,8 +249,8 @@ class CheckpointPlan:
         if self.device_bytes is not None:
             peak = _mib(self.device_peak_bytes or 0)
             rendered.append(
-                f"device memory, plain forward (the device's statistics): held at its end "
-                f"{_mib(self.device_bytes)} (activations and output), peak {peak}"
+                f"device memory while planning (the device's statistics): peak {peak} "
+                f"above what was allocated before, {_mib(self.device_bytes)} left after"
             )
         if self.note:
             rendered.append(self.note)

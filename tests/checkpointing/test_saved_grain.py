@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -123,7 +124,11 @@ def estimates_win(monkeypatch: pytest.MonkeyPatch) -> None:
 
     On a busy host either can win the timing; these tests are about the saved grain.
     """
-    monkeypatch.setattr("checkpointing._budget.measured_steps", lambda *args: [1.0, 2.0, 0.5])
+
+    def steps(model: Any, inputs: Any, backend: Any, applies: list[Any]) -> list[list[float]]:
+        return [[1.0] * 5, *([[2.0] * 5] * (len(applies) - 1))]
+
+    monkeypatch.setattr("checkpointing._budget.measured_steps", steps)
 
 
 @pytest.mark.usefixtures("estimates_win")
