@@ -56,8 +56,16 @@ def _plan(family: str, budget: float, seed: int) -> CheckpointPlan:
 
 
 def _decided(plan: CheckpointPlan) -> tuple[Any, ...]:
+    """What the plan does (its recorded timings aside)."""
     taken = [c.label for c in plan.considered if c.taken]
-    return plan.decisions, plan.kept_calls, plan.saved_plans, taken
+    saved = {
+        name: (
+            saved.positions,
+            {k: [(c.name, c.occurrence) for c in calls] for k, calls in saved.recipes.items()},
+        )
+        for name, saved in plan.saved_plans.items()
+    }
+    return plan.decisions, plan.kept_calls, saved, taken
 
 
 @pytest.mark.parametrize("family", ["resnet", pytest.param("gpt2", marks=needs_transformers)])
