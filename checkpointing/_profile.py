@@ -185,7 +185,7 @@ class _Recorder(TorchDispatchMode):
                 if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
                     self.shaped_by_data.add(index)
         template = None
-        if replayable(func) and any(module.children for module in self.stack):
+        if replayable(func) and self.stack:
             template, complete = template_of((args, kwargs), self.ref)
             template = template if complete else None
         for module in self.stack:
@@ -197,10 +197,12 @@ class _Recorder(TorchDispatchMode):
             else:
                 module.recomputed_time += elapsed
                 module.recomputed_bytes += written
-            if module.children:
-                occurrence = self.occurrences[module.name, name]
-                self.occurrences[module.name, name] += 1
-                call = OpCall(
+            # Every module, leaves included: a leaf that does its own work (an LSTM, a
+            # user's childless layer) is a candidate at the operator grains too.
+            occurrence = self.occurrences[module.name, name]
+            self.occurrences[module.name, name] += 1
+            module.ops.append(
+                OpCall(
                     name,
                     occurrence,
                     elapsed,
@@ -212,7 +214,7 @@ class _Recorder(TorchDispatchMode):
                     template,
                     outputs,
                 )
-                module.ops.append(call)
+            )
         return out
 
 
@@ -305,8 +307,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
             saved_by.setdefault(index, set()).add(tuple(m.name for m in recorder.stack))
         geometry = Geometry.of(tensor)
         for record in recorder.stack:
-            if record.children:
-                record.packs.append((index, geometry))
+            record.packs.append((index, geometry))
         return tensor
 
     with untouched(model, backend):
