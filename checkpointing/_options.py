@@ -3,7 +3,8 @@
 For every candidate module (one that runs once per step, does not receive one tensor
 as several arguments, and has submodules or saves activations itself: a leaf such as
 ``nn.LSTM`` or a user's childless layer; the root where its own operators save
-activations, whole only) the options are: one saved-tensor plan per
+activations, whole only; an RNN, whose layers are fused kernels, whole only too) the
+options are: one saved-tensor plan per
 prefix of its greedy drop and pack units (:mod:`._saved_grain`); the whole module (keep
 its inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
 :mod:`._selective`); and one selective checkpoint per prefix of the measured units
@@ -103,8 +104,12 @@ def _options(
     inputs = frozenset(record.inputs)
     saves = {index for index, _ in record.packs if index is not None}
     options = [option(FULL, record.forward_time, inputs)]
-    if not name:
-        # The root whole: the model checkpointed in one piece (see CheckpointPlan.apply).
+    if not name or record.fused_rnn:
+        # The root: whole only (the model in one piece, see CheckpointPlan.apply). An RNN
+        # (nn.LSTM, nn.GRU): whole only, as its layers are fused kernels (oneDNN's
+        # mkldnn_rnn_layer on a host, cuDNN on CUDA) that return a workspace beside
+        # their outputs, differ between backends, and save little a cheap operator
+        # could rebuild; checkpointed whole it replays its dropout exactly.
         return options
     # Saved-tensor positions and operator occurrences are recorded once; where the data
     # decides shapes or how many calls run (routing), only grains without them remain.

@@ -67,6 +67,7 @@ class ModuleProfile:
     repeated_input: bool = False
     running_stats: bool = False  # it or a module inside updates running statistics
     data_dependent: bool = False  # an operator inside has a data-dependent output shape
+    fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
     children: list[str] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)
     cached: set[int] = field(default_factory=set)
@@ -256,6 +257,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
     modules = {name: ModuleProfile(name) for name in names.values()}
     for name, module in model.named_modules():
         modules[name].kind = type(module).__qualname__
+        modules[name].fused_rnn = isinstance(module, nn.RNNBase)
         modules[name].children = [
             names[id(child)] for child in module.children() if id(child) in names
         ]
