@@ -200,7 +200,7 @@ def own_work(profile: StepProfile) -> bool:
 
 
 def _is_candidate(profile: StepProfile, name: str) -> bool:
-    """Runs once per step, gets distinct tensors, and is a block or saves activations.
+    """Runs once per step, and is a block or saves activations.
 
     A module with submodules is a candidate as before; a leaf (``nn.LSTM``, a user's
     childless layer) when it saves activations of its own; the root when its own
@@ -208,7 +208,7 @@ def _is_candidate(profile: StepProfile, name: str) -> bool:
     only the model's inputs.
     """
     record = profile.modules[name]
-    if record.calls != 1 or record.repeated_input:
+    if record.calls != 1:
         return False
     if not name:
         return own_work(profile)
@@ -218,15 +218,9 @@ def _is_candidate(profile: StepProfile, name: str) -> bool:
 def nothing_to_checkpoint(profile: StepProfile) -> str:
     """Why no module of the profiled model is a candidate: a sentence for the error."""
     shared = sorted(n for n, r in profile.modules.items() if n and r.calls > 1)
-    repeated = sorted(n for n, r in profile.modules.items() if n and r.repeated_input)
     causes = []
     if shared:
         causes.append(f"{len(shared)} run more than once per step ({', '.join(shared[:3])})")
-    if repeated:
-        causes.append(
-            f"{len(repeated)} receive one tensor as several arguments "
-            f"({', '.join(repeated[:3])}), which a checkpoint's recomputation would tell apart"
-        )
     causes.append("the others, and the model's own operators, save no activations")
     return (
         "no module of this model can be checkpointed, so no memory budget below 1.0 can "

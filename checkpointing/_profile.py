@@ -277,9 +277,9 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         record = modules[names[id(module)]]
         record.calls += 1
         tensors = tensors_of((args, kwargs))
-        # The checkpoint hands recomputation one fresh tensor per argument, so a module
-        # that tells apart `f(x, x)` from `f(x, y)` (attention's self-attention path)
-        # would run differently; such modules are not candidates.
+        # `f(x, x)`: the checkpoint restores such repeats in its recomputation (torch hands
+        # it one tensor per argument; self-attention projects `query is key` in one
+        # product), so these modules are candidates like any other.
         record.repeated_input |= len({id(t) for t in tensors}) < len(tensors)
         if module.training and getattr(module, "track_running_stats", False):
             for running in (record, *recorder.stack):
