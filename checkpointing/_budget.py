@@ -79,7 +79,7 @@ def _rows(
         kept = storage_bytes(profile, option.kept) + option.extra_bytes
         return [PlanRow(name, option.kind, option.decision, kept, option.seconds)]
     below = _frontier(profile, knapsack, name)
-    inside = any(other.startswith(f"{name}.") for other in chosen)
+    inside = any(not name or other.startswith(f"{name}.") for other in chosen)
     repeated = len(below) > 1 and len({profile.modules[b].kind for b in below}) == 1
     if name in knapsack.options and not inside and not repeated:
         owned = [

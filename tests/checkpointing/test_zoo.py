@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -183,6 +184,22 @@ def test_kv_cache_is_switched_off_with_a_warning_for_wrappers_and_budgets() -> N
     with pytest.warns(UserWarning, match=r"config\.use_cache was True"):
         apply_activation_checkpointing(planned, memory_budget=0.5, example_inputs=case.inputs)
     _assert_exact(case, planned, reference.model)
+
+
+@pytest.mark.parametrize("family", [pytest.param("bert", marks=_needs("bert"))])
+def test_encoder_models_keep_use_cache_without_a_warning(family: str) -> None:
+    case = zoo.build(family, use_cache=True)  # BERT's config defaults to use_cache=True
+    reference = copy.deepcopy(case.model)
+    model = copy.deepcopy(case.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no KV-cache warning: no layer takes a cache
+        apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=case.inputs)
+    assert model.config.use_cache is True
+    _assert_exact(case, model, reference)
+    decoder = zoo.build(family, use_cache=True).model
+    decoder.config.is_decoder = True  # the same family built as a decoder uses the cache
+    with pytest.warns(UserWarning, match=r"config\.use_cache was True; set to False"):
+        apply_activation_checkpointing(decoder, check_fn=case.is_block)
 
 
 @needs_transformers
