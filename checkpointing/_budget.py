@@ -26,7 +26,7 @@ from torch import nn
 import accel
 from accel import Accelerator
 
-from ._args import resolve_backend, validate_budget
+from ._args import resolve_backend, validate_budget, validate_planned
 from ._caches import refuse_cache_inputs, switch_off_kv_cache
 from ._candidates import (
     EVERY_BLOCK,
@@ -38,7 +38,7 @@ from ._candidates import (
 )
 from ._decisions import KEEP, MEASURED, SAVED
 from ._knapsack import Knapsack
-from ._options import Option, candidates, priced, storage_bytes
+from ._options import Option, candidates, nothing_to_checkpoint, priced, storage_bytes
 from ._overhead import live_bytes, measured_steps, pack_seconds, selective_overhead
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._profile import StepProfile, profile_step
@@ -74,7 +74,7 @@ def _rows(
         kept = storage_bytes(profile, option.kept) + option.extra_bytes
         return [PlanRow(name, option.kind, option.decision, kept, option.seconds)]
     below = _frontier(profile, knapsack, name)
-    inside = any(other.startswith(f"{name}.") for other in chosen)
+    inside = any(not name or other.startswith(f"{name}.") for other in chosen)
     repeated = len(below) > 1 and len({profile.modules[b].kind for b in below}) == 1
     if name in knapsack.options and not inside and not repeated:
         owned = [
@@ -128,16 +128,18 @@ def plan_checkpointing(
         The plan; ``plan.apply(model)`` carries it out.
 
     Raises:
-        TypeError: If ``memory_budget`` is not a float or an int.
+        TypeError: If ``memory_budget`` is not a float or an int, or
+            ``example_inputs`` is not a tuple (or list) or a dict (a bare tensor ``x``
+            is refused: pass ``(x,)``).
         ValueError: If ``memory_budget`` is out of range or below what checkpointing
             every candidate module reaches (the message gives the smallest reachable
-            fraction), no model output requires grad, or ``example_inputs`` pass
+            fraction), the model is in evaluation mode, no module can be checkpointed
+            (the message says why), no model output requires grad, or ``example_inputs`` pass
             ``use_cache=True`` or a key-value cache (a transformers ``config.use_cache``
             that is ``True`` is instead set to ``False``, with a warning).
     """
     validate_budget(memory_budget)
-    if not isinstance(example_inputs, tuple | list | dict):
-        example_inputs = (example_inputs,)
+    validate_planned(model, example_inputs)
     refuse_cache_inputs(example_inputs)
     switch_off_kv_cache(model)
     resolved = resolve_backend(backend)
@@ -325,13 +327,16 @@ def _choose(
             break
         need += overshoot
     if chosen is None or estimate(profile, chosen) > budget:
+        if not options:
+            raise ValueError(f"checkpointing: {nothing_to_checkpoint(profile)}")
         fallback = knapsack.most_saving()
         smallest = estimate(profile, fallback)
         if smallest > budget:
             least = math.ceil(smallest / plain * 1000) / 1000
             raise ValueError(
                 f"checkpointing: memory_budget={memory_budget!r} ({budget} bytes) is below "
-                "what checkpointing can reach for this model: the smallest reachable is "
+                "what checkpointing can reach for this model (every module that can be "
+                "checkpointed, at the grain that keeps the least): the smallest reachable is "
                 f"{smallest / plain:.3f} of the plain activation memory ({smallest} of "
                 f"{plain} bytes). Pass memory_budget >= {least}."
             )

@@ -42,6 +42,7 @@ from ._measure import LiveActivationMeter
 from ._non_reentrant import ContextFn
 from ._packed import Packed
 from ._replay import Geometry
+from ._root import uncheckpoint_root
 from ._selective import kept_calls_context_fn
 from ._steps import backward, call_model, timed_step, untouched
 
@@ -170,6 +171,9 @@ def _applied(model: nn.Module, apply: Callable[[nn.Module], list[str]] | None) -
         yield
     finally:
         for name in wrapped:
+            if not name:
+                uncheckpoint_root(model)
+                continue
             parent_name, _, leaf = name.rpartition(".")
             parent = model.get_submodule(parent_name)
             setattr(parent, leaf, getattr(parent, leaf).module)

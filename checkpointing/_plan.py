@@ -14,6 +14,7 @@ from accel import Accelerator
 from ._caches import refuse_cache_arguments, switch_off_kv_cache
 from ._checkpoint import run_checkpoint
 from ._decisions import FULL, KEEP, MEASURED, SAVED, SELECTIVE
+from ._root import checkpoint_root, root_checkpointed
 from ._saved_grain import SavedPlan
 from ._saved_wrapper import SavedTensorWrapper
 from ._selective import kept_calls_context_fn, selective_context_fn
@@ -162,6 +163,9 @@ class CheckpointPlan:
         """Wrap, in place, the modules of ``model`` the plan checkpoints.
 
         ``model`` is the planned model or one built the same way (same module names).
+        The root (name ``""``, decided where the model's own operators save
+        activations) is checkpointed whole by setting ``model.forward`` to a
+        checkpoint around the class's forward; the model stays the same object.
         A transformers ``config.use_cache`` that is ``True`` is set to ``False``, with a
         warning (recomputation would append to the KV cache twice).
 
@@ -174,6 +178,9 @@ class CheckpointPlan:
         """
         targets: list[tuple[str, nn.Module, str, nn.Module]] = []
         for name in self.decisions:
+            if not name:
+                self._check_root(model)
+                continue
             parent_name, _, leaf = name.rpartition(".")
             try:
                 parent = model.get_submodule(parent_name)
@@ -203,6 +210,8 @@ class CheckpointPlan:
                 )
             targets.append((name, parent, leaf, child))
         switch_off_kv_cache(model)
+        if "" in self.decisions:
+            checkpoint_root(model, preserve_rng_state=preserve_rng_state, backend=backend)
         for name, parent, leaf, child in targets:
             if self.decisions[name] == SAVED:
                 wrapper: nn.Module = SavedTensorWrapper(
@@ -223,11 +232,25 @@ class CheckpointPlan:
             setattr(parent, leaf, wrapper)
         return list(self.decisions)
 
+    def _check_root(self, model: nn.Module) -> None:
+        """Raise ``ValueError`` unless the root's decision can be carried out on ``model``."""
+        if self.decisions[""] != FULL:
+            raise ValueError(
+                f"checkpointing: this plan says {self.decisions['']!r} for the model itself "
+                "(the root module, named ''); the root can only be checkpointed whole "
+                "('checkpoint'). Use a plan made by plan_checkpointing."
+            )
+        if root_checkpointed(model):
+            raise ValueError(
+                "checkpointing: the model itself is already checkpointed whole; apply a "
+                "plan to a model without checkpoint wrappers."
+            )
+
     def __str__(self) -> str:
         header = ("module", "grain", "activations kept", "recompute", "decision")
         lines = [
             (
-                row.module,
+                row.module or "(the model)",
                 row.kind,
                 _mib(row.kept_bytes),
                 f"{row.recompute_seconds * 1e3:.2f} ms",

@@ -74,6 +74,7 @@ class ModuleProfile:
     repeated_input: bool = False
     running_stats: bool = False  # it or a module inside updates running statistics
     data_dependent: bool = False  # an operator inside has a data-dependent output shape
+    fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
     children: list[str] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)
     cached: set[int] = field(default_factory=set)
@@ -196,7 +197,7 @@ class _Recorder(TorchDispatchMode):
                 if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
                     self.shaped_by_data.add(index)
         template = None
-        if replayable(func) and any(module.children for module in self.stack):
+        if replayable(func) and self.stack:
             template, complete = template_of((args, kwargs), self.ref)
             template = template if complete else None
         for module in self.stack:
@@ -208,10 +209,12 @@ class _Recorder(TorchDispatchMode):
             else:
                 module.recomputed_time += elapsed
                 module.recomputed_bytes += written
-            if module.children:
-                occurrence = self.occurrences[module.name, name]
-                self.occurrences[module.name, name] += 1
-                call = OpCall(
+            # Every module, leaves included: a leaf that does its own work (an LSTM, a
+            # user's childless layer) is a candidate at the operator grains too.
+            occurrence = self.occurrences[module.name, name]
+            self.occurrences[module.name, name] += 1
+            module.ops.append(
+                OpCall(
                     name,
                     occurrence,
                     elapsed,
@@ -223,7 +226,7 @@ class _Recorder(TorchDispatchMode):
                     template,
                     outputs,
                 )
-                module.ops.append(call)
+            )
         return out
 
 
@@ -265,6 +268,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
     modules = {name: ModuleProfile(name) for name in names.values()}
     for name, module in model.named_modules():
         modules[name].kind = type(module).__qualname__
+        modules[name].fused_rnn = isinstance(module, nn.RNNBase)
         modules[name].children = [
             names[id(child)] for child in module.children() if id(child) in names
         ]
@@ -284,9 +288,9 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         record = modules[names[id(module)]]
         record.calls += 1
         tensors = tensors_of((args, kwargs))
-        # The checkpoint hands recomputation one fresh tensor per argument, so a module
-        # that tells apart `f(x, x)` from `f(x, y)` (attention's self-attention path)
-        # would run differently; such modules are not candidates.
+        # `f(x, x)`: the checkpoint restores such repeats in its recomputation (torch hands
+        # it one tensor per argument; self-attention projects `query is key` in one
+        # product), so these modules are candidates like any other.
         record.repeated_input |= len({id(t) for t in tensors}) < len(tensors)
         if module.training and getattr(module, "track_running_stats", False):
             for running in (record, *recorder.stack):
@@ -316,8 +320,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
             saved_by.setdefault(index, set()).add(tuple(m.name for m in recorder.stack))
         geometry = Geometry.of(tensor)
         for record in recorder.stack:
-            if record.children:
-                record.packs.append((index, geometry))
+            record.packs.append((index, geometry))
 
     with untouched(model, backend):
         timed_forward(model, example_inputs, backend)  # warm-up: first-call costs not kept

@@ -39,12 +39,17 @@ def reference(profile: StepProfile, options: dict[str, list[Option]]) -> dict[st
     """
     names = blocks(profile, options)
     if not names:
-        names = [n for n in options if not any(o.startswith(f"{n}.") for o in options)]
+        names = [n for n in options if not any(_inside(o, n) for o in options)]
     order = list(profile.modules)
     return {
         name: next(o for o in options[name] if o.decision == FULL)
         for name in sorted(names, key=order.index)
     }
+
+
+def _inside(name: str, container: str) -> bool:
+    """Whether module ``name`` lies inside ``container`` (the root holds every other)."""
+    return name != container and (not container or name.startswith(f"{container}."))
 
 
 @dataclass(frozen=True)
