@@ -411,8 +411,10 @@ def main() -> None:
 
     def write() -> Path:
         # After every family, so that a long run that is cut short keeps what it measured.
+        # A subset of families gets a file of its own, so as not to replace a full run's.
+        subset = "" if args.model == "all" else "-" + "-".join(names)
         return write_results(
-            "budget-compile" if args.compile else "budget",
+            ("budget-compile" if args.compile else "budget") + subset,
             backend.name,
             {
                 "warmup": args.warmup,

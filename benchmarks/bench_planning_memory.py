@@ -19,7 +19,7 @@ the RSS after building) and, in a second fresh process, the peak of live tensors
 subtracted; parameters excluded). Target (issue 29, item 6): planning's peak no higher
 than the planned step's plus one block's activations, and below the plain step's.
 
-Usage: python benchmarks/bench_planning_memory.py [--before REV] [--threads N]
+Usage: python benchmarks/bench_planning_memory.py [--before REV] [--threads N] [--jobs N]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,15 @@ def _peak() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _trim() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def run_case(case: str, meter: bool, threads: int) -> dict[str, Any]:
     """One case in this process: its peak RSS (or live-tensor peak) above the built model."""
     import torch
@@ -80,6 +90,7 @@ def run_case(case: str, meter: bool, threads: int) -> dict[str, Any]:
     elif case == "planned step":
         plan = plan_checkpointing(model, (x,), 0.5)
         plan.apply(model)
+        _trim()  # give planning's freed heap back, so that the step's peak is its own
 
     def work() -> None:
         if case.startswith("planning"):
@@ -134,6 +145,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--before", metavar="REV", default=None, help="also plan with REV")
+    parser.add_argument("--jobs", type=int, default=1, help="cases run at once (default 1)")
     parser.add_argument("--case", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--meter", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,13 +161,17 @@ def main() -> None:
         cases = [(case, None) for case in CASES]
         if path is not None:
             cases.append((f"planning at 0.5 ({args.before})", path))
-        for label, where in cases:
+        runs = [(label, where, meter) for label, where in cases for meter in (False, True)]
+
+        def one(run: tuple[str, str | None, bool]) -> dict[str, Any]:
+            label, where, meter = run
             case = "planning at 0.5" if label.startswith("planning") else label
-            rows[label] = {
-                **_fresh(case, False, args.threads, where),
-                **_fresh(case, True, args.threads, where),
-            }
-            print(f"{label}: {rows[label]}", file=sys.stderr)
+            return _fresh(case, meter, args.threads, where)
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for (label, _, _), found in zip(runs, pool.map(one, runs), strict=True):
+                rows.setdefault(label, {}).update(found)
+                print(f"{label}: {found}", file=sys.stderr)
     plain = rows["plain step"]
     table = [
         (

@@ -6,7 +6,7 @@ in interleaved rounds (:func:`._overhead.measured_steps`) and compared round by 
 so that a busy spell slows both sides of a comparison; and a measurement overrides the
 cost model only where every round agrees by a margin. Where the rounds disagree, the
 measurement cannot separate the plans, and the estimate (the profile's operator
-timings, which repeated blocks and identical operators share, :mod:`._profile`)
+timings, medians over repeated blocks, :mod:`._profile`)
 decides: a rule that does not flip with the host's load.
 
 Nothing here runs the plain step. Its time, which the recompute estimates are set

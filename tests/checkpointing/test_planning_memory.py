@@ -85,8 +85,9 @@ def test_planning_peak_stays_within_the_plan_and_below_the_plain_step() -> None:
         out = planned(x)
     with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as plain_live:
         plain_out = model(x)
-    assert live.bytes - plain_out.numel() * 4 <= 0.52 * plan.plain_bytes
-    del out, plain_out, plain_live
+    held = live.bytes - plain_live.bytes + plan.plain_bytes  # as the planner measures it
+    assert held <= 0.52 * plan.plain_bytes
+    del out, plain_out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
