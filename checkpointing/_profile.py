@@ -230,10 +230,14 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
-def _share_timings(modules: dict[str, ModuleProfile]) -> None:
+def _share_timings(modules: dict[str, ModuleProfile], storage_bytes: dict[int, int]) -> None:
     """Give modules doing the same work (repeated blocks) the median of their timings.
 
     Identical blocks cost the same; single timings of each are noisy on a busy host.
+    So do identical operator calls (the same operator reading and writing storages of
+    the same sizes: a block's two convolutions of one shape): each gets the median of
+    them all, so that which of two equal calls a plan keeps or drops is not decided by
+    timing noise but by their order, the same in every planning.
     """
     groups: dict[tuple[str, int, int], list[ModuleProfile]] = {}
     for record in modules.values():
@@ -251,6 +255,15 @@ def _share_timings(modules: dict[str, ModuleProfile]) -> None:
                 seconds = statistics.median(call.seconds for call in calls)
                 for call in calls:
                     call.seconds = seconds
+    same: dict[tuple[Any, ...], list[OpCall]] = {}
+    for record in modules.values():
+        for call in record.ops:
+            sizes = tuple(storage_bytes[index] for index in (*call.read, *call.fresh))
+            same.setdefault((call.name, len(call.read), sizes), []).append(call)
+    for equal in same.values():
+        seconds = statistics.median(call.seconds for call in equal)
+        for call in equal:
+            call.seconds = seconds
 
 
 def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> StepProfile:
@@ -353,7 +366,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         for record in modules.values():
             record.forward_time *= scale
             record.recomputed_time *= scale
-    _share_timings(modules)
+    _share_timings(modules, recorder.storage_bytes)
     return StepProfile(
         modules=modules,
         storage_bytes=recorder.storage_bytes,
