@@ -183,18 +183,6 @@ def _newer() -> Any:
     return sys.modules[name]
 
 
-def _causal_lm_loss(ids: torch.Tensor) -> Callable[[Any], torch.Tensor]:
-    def loss(out: Any) -> torch.Tensor:
-        logits = out.logits
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
-
-    return loss
-
-
-def _ids(vocab: int, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(vocab, (batch, seq), generator=generator)
-
-
 def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooModel:
     """The zoo's ``family`` model, seeded, in training mode.
 
@@ -204,6 +192,7 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
         use_cache: For the decoders: the config's ``use_cache`` (transformers' KV cache).
     """
     bench = size == "bench"
+    _ids, _causal_lm_loss = _newer().token_ids, _newer().next_token_loss
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
     width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)

@@ -12,7 +12,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LSTMLanguageModel", "MixerLayer", "MixerStack", "build"]
+__all__ = [
+    "LSTMLanguageModel",
+    "MixerLayer",
+    "MixerStack",
+    "build",
+    "next_token_loss",
+    "token_ids",
+]
 
 Built = tuple[nn.Module, Any, Callable[[Any], torch.Tensor], tuple[type[nn.Module], ...]]
 
@@ -65,11 +72,14 @@ class MixerStack(nn.Module):
         return nn.functional.linear(pooled, self.classes)
 
 
-def _ids(vocab: int, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+def token_ids(vocab: int, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+    """Random token ids, ``(batch, seq)``."""
     return torch.randint(vocab, (batch, seq), generator=generator)
 
 
-def _next_token_loss(ids: torch.Tensor) -> Callable[[Any], torch.Tensor]:
+def next_token_loss(ids: torch.Tensor) -> Callable[[Any], torch.Tensor]:
+    """Cross-entropy of a model's logits (a tensor, or an output's ``.logits``) to ``ids``."""
+
     def loss(out: Any) -> torch.Tensor:
         logits = out if isinstance(out, torch.Tensor) else out.logits
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
@@ -80,8 +90,8 @@ def _next_token_loss(ids: torch.Tensor) -> Callable[[Any], torch.Tensor]:
 def _lstm(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     width, seq, batch = (256, 128, 4) if bench else (32, 16, 2)
     model = LSTMLanguageModel(512, width)
-    ids = _ids(512, batch, seq, generator)
-    return model, (ids,), _next_token_loss(ids), (nn.LSTM,)
+    ids = token_ids(512, batch, seq, generator)
+    return model, (ids,), next_token_loss(ids), (nn.LSTM,)
 
 
 def _custom(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
@@ -109,7 +119,7 @@ def _bert(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
         use_cache=use_cache,
     )
     model = BertForMaskedLM(config)
-    ids = _ids(config.vocab_size, batch, seq, generator)
+    ids = token_ids(config.vocab_size, batch, seq, generator)
     mask = torch.ones(batch, seq, dtype=torch.long)
     mask[1:, seq - seq // 4 :] = 0  # padding at the end of every row but the first
     labels = torch.where(torch.rand(batch, seq, generator=generator) < 0.15, ids, -100)
@@ -178,7 +188,7 @@ def _whisper(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     )
     model = WhisperForConditionalGeneration(config)
     features = torch.randn(batch, config.num_mel_bins, frames, generator=generator)
-    labels = _ids(config.vocab_size, batch, tokens, generator)
+    labels = token_ids(config.vocab_size, batch, tokens, generator)
     inputs = {"input_features": features, "labels": labels}
     return model, inputs, lambda out: out.loss, (WhisperEncoderLayer, WhisperDecoderLayer)
 
@@ -230,8 +240,8 @@ def _phi(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
         use_cache=use_cache,
     )
     model = PhiForCausalLM(config)
-    ids = _ids(config.vocab_size, batch, seq, generator)
-    return model, (ids,), _next_token_loss(ids), (PhiDecoderLayer,)
+    ids = token_ids(config.vocab_size, batch, seq, generator)
+    return model, (ids,), next_token_loss(ids), (PhiDecoderLayer,)
 
 
 def _mamba(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
@@ -249,8 +259,8 @@ def _mamba(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
         use_cache=use_cache,
     )
     model = MambaForCausalLM(config)
-    ids = _ids(config.vocab_size, batch, seq, generator)
-    return model, (ids,), _next_token_loss(ids), (MambaBlock,)
+    ids = token_ids(config.vocab_size, batch, seq, generator)
+    return model, (ids,), next_token_loss(ids), (MambaBlock,)
 
 
 _BUILDERS: dict[str, Callable[[bool, torch.Generator, bool], Built]] = {

@@ -106,10 +106,10 @@ def _options(
     options = [option(FULL, record.forward_time, inputs)]
     if not name or record.fused_rnn:
         # The root: whole only (the model in one piece, see CheckpointPlan.apply). An RNN
-        # (nn.LSTM, nn.GRU): whole only, as its layers are fused kernels (oneDNN's
-        # mkldnn_rnn_layer on a host, cuDNN on CUDA) that return a workspace beside
-        # their outputs, differ between backends, and save little a cheap operator
-        # could rebuild; checkpointed whole it replays its dropout exactly.
+        # (nn.LSTM, nn.GRU): whole only, as its layers are fused kernels (on a host
+        # mkldnn_rnn_layer, elsewhere the device library's) that return a workspace
+        # beside their outputs, differ between backends, and save little a cheap
+        # operator could rebuild; checkpointed whole it replays its dropout exactly.
         return options
     # Saved-tensor positions and operator occurrences are recorded once; where the data
     # decides shapes or how many calls run (routing), only grains without them remain.

@@ -129,15 +129,11 @@ def test_childless_model_is_checkpointed_through_its_forward() -> None:
     _assert_same_step(model, plain, (x,))
     with pytest.raises(ValueError, match=r"model itself is already checkpointed whole"):
         plan.apply(model)
-    wrong = CheckpointPlan(
-        decisions={"": "recompute cheap ops"},
-        rows=(),
-        plain_bytes=1,
-        estimated_bytes=1,
-        estimated_step_time_ratio=1.0,
-        budget_bytes=1,
-        step_seconds=1.0,
-    )
+    figures: dict[str, Any] = {
+        **dict.fromkeys(("plain_bytes", "estimated_bytes", "budget_bytes"), 1),
+        **dict.fromkeys(("estimated_step_time_ratio", "step_seconds"), 1.0),
+    }
+    wrong = CheckpointPlan(decisions={"": "recompute cheap ops"}, rows=(), **figures)
     with pytest.raises(ValueError, match=r"root can only be checkpointed whole"):
         wrong.apply(_built(Mixer))
 
