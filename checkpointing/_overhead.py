@@ -20,7 +20,7 @@ That chain misses costs that only a real model shows (Python per call grows with
 operator's arguments; kept outputs hold memory the allocator would have reused), so
 the planner also times its first plan in place (:func:`measured_steps`, interleaved
 with a reference plan, :mod:`._timed`) and, where the step is slower than estimated in
-every round, spreads the smallest shortfall over the selective regions' operator calls
+every round, spreads the median shortfall over the selective regions' operator calls
 and plans once more.
 """
 

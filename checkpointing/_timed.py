@@ -79,14 +79,15 @@ def plain_step_time(profile: StepProfile, timed: Rounds) -> float:
 
 
 def shortfall(plan: Rounds, against: Rounds) -> float:
-    """Seconds ``plan`` was slower than estimated, in the round that shows the least.
+    """Seconds ``plan`` was slower than estimated: the median over the rounds, or zero.
 
     Per round, ``plan``'s step less ``against``'s, less the estimated difference of
-    their recomputations. Zero unless every round shows ``plan`` slower than estimated.
+    their recomputations. Zero unless every round shows ``plan`` slower than estimated
+    (then the median of the rounds): a single slow round never changes the plan.
     """
     expected = plan.recompute - against.recompute
     gaps = [a - b - expected for a, b in zip(plan.seconds, against.seconds, strict=True)]
-    return max(min(gaps), 0.0) if gaps else 0.0
+    return statistics.median(gaps) if gaps and min(gaps) > 0 else 0.0
 
 
 def separated(faster: Rounds, slower: Rounds, margin: float = MARGIN) -> tuple[bool, str]:
