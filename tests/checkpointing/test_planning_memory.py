@@ -108,7 +108,7 @@ def test_planning_fits_under_a_cuda_memory_cap_the_plain_step_exceeds() -> None:
     # Room for the model, its gradients and 70% of what the plain step needs above them.
     torch.cuda.set_per_process_memory_fraction((base + 0.7 * plain_peak) / total)
     try:
-        with pytest.raises(torch.OutOfMemoryError):
+        with pytest.raises(torch.cuda.OutOfMemoryError):
             model(x).sum().backward()
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
