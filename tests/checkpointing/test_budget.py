@@ -239,11 +239,14 @@ def test_asynchronous_backends_are_synchronized_around_each_operator() -> None:
 
 
 def test_lazy_backends_flush_the_graph_at_module_boundaries() -> None:
+    from checkpointing._profile import profile_step
+
     eager, lazy = RecordingBackend(), _LazyRecording()
-    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=lazy)
-    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=eager)
+    profile_step(_model(), (_inputs(),), lazy)
+    profile_step(_model(), (_inputs(),), eager)
     called = 1 + 1 + 4 * 8 + 1  # Net, embed, 4 x (block, norm, attention, mlp + 4), head
     assert eager.count("mark_step") + 2 * called <= lazy.count("mark_step")
+    plan = plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=_LazyRecording())
     assert plan.estimated_bytes <= plan.budget_bytes
 
 
