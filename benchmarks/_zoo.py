@@ -10,7 +10,21 @@ the benchmark's larger shapes. Families:
 * ``llama``: transformers' Llama (GQA, RoPE, RMSNorm, SwiGLU, attention dropout);
 * ``t5``: transformers' T5 encoder-decoder (relative position bias, cross-attention,
   keyword arguments, tuple outputs);
-* ``mixtral``: transformers' Mixtral mixture of experts (top-2 routing, index ops).
+* ``mixtral``: transformers' Mixtral mixture of experts (top-2 routing, index ops);
+* ``lstm``: an LSTM language model (``nn.Embedding``, a 2-layer ``nn.LSTM`` with dropout
+  between its layers, ``nn.Linear``): the work is done by one module without children;
+* ``custom``: a stack of a user's own childless layers (their own parameters and
+  functional operators, dropout included), and a root whose forward does work itself;
+* ``bert``: transformers' BERT masked LM (post-norm encoder, padding mask, labels);
+* ``convnext``: transformers' ConvNeXt (depthwise 7x7 convolutions, LayerNorm, layer
+  scale, stochastic depth);
+* ``whisper``: transformers' Whisper (a conv front-end on log-mel features, encoder and
+  decoder with cross-attention);
+* ``unet``: diffusers' ``UNet2DModel`` (GroupNorm, skip concatenations, a time
+  embedding, self-attention in one down and one up block);
+* ``phi``: transformers' Phi (parallel attention and MLP, partial rotary embedding);
+* ``mamba``: transformers' Mamba (selective state space, causal conv; the slow path, no
+  CUDA kernels).
 
 Each :class:`ZooModel` names its repeated blocks' class (for "checkpoint every block")
 and its loss, so that the benchmark and the tests train every family the same way.
@@ -25,10 +39,62 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["FAMILIES", "TRANSFORMERS", "ZooModel", "build"]
+__all__ = ["FAMILIES", "REQUIRES", "TESTED", "TRANSFORMERS", "ZooModel", "build", "unusable"]
 
-FAMILIES = ("resnet", "vit", "gpt2", "llama", "t5", "mixtral")
-TRANSFORMERS = ("vit", "gpt2", "llama", "t5", "mixtral")  # transformer-shaped families
+FAMILIES = (
+    "resnet",
+    "vit",
+    "gpt2",
+    "llama",
+    "t5",
+    "mixtral",
+    "lstm",
+    "custom",
+    "bert",
+    "convnext",
+    "whisper",
+    "unet",
+    "phi",
+    "mamba",
+)
+# Transformer-shaped families (the benchmark's tighter time target).
+TRANSFORMERS = ("vit", "gpt2", "llama", "t5", "mixtral", "bert", "whisper", "phi")
+# The package each family is built with, where it needs one beyond torch.
+REQUIRES = {
+    **dict.fromkeys(("vit", "gpt2", "llama", "t5", "mixtral"), "transformers"),
+    **dict.fromkeys(("bert", "convnext", "whisper", "phi", "mamba"), "transformers"),
+    "unet": "diffusers",
+}
+# What the tests plan on every CI run: the first six, the two module shapes without
+# children, one encoder and one convolutional family from the newer ones (the
+# benchmark covers every family).
+TESTED = ("resnet", "vit", "gpt2", "llama", "t5", "mixtral", "lstm", "custom", "bert", "convnext")
+
+
+def unusable(family: str) -> str | None:
+    """Why ``family`` cannot be built here (its package missing or unusable), or ``None``."""
+    import importlib.util
+
+    package = REQUIRES.get(family)
+    if package is None:
+        return None
+    if importlib.util.find_spec(package) is None:
+        return f"{package} is not installed (pip install {package})"
+    if package == "transformers":
+        import transformers
+
+        if not transformers.utils.is_torch_available():
+            # transformers 5.x treats a torch older than its floor (2.6) as absent.
+            return (
+                f"transformers {transformers.__version__} does not support torch "
+                f"{torch.__version__}; the transformer families run where it does"
+            )
+    if package == "diffusers":
+        try:
+            import diffusers  # noqa: F401
+        except Exception as error:  # an install that does not import with this torch
+            return f"diffusers does not import here ({type(error).__name__}: {error})"[:200]
+    return None
 
 
 @dataclass
@@ -100,16 +166,21 @@ class ResNet(nn.Module):
         return self.head(hidden.mean(dim=(2, 3)))
 
 
-def _causal_lm_loss(ids: torch.Tensor) -> Callable[[Any], torch.Tensor]:
-    def loss(out: Any) -> torch.Tensor:
-        logits = out.logits
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1))
+def _newer() -> Any:
+    """``_zoo_families.py`` beside this file (loaded by path: the tests load this one so)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
 
-    return loss
-
-
-def _ids(vocab: int, batch: int, seq: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(vocab, (batch, seq), generator=generator)
+    name = "accel_zoo_families"
+    if name not in sys.modules:
+        path = Path(__file__).with_name("_zoo_families.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooModel:
@@ -121,6 +192,7 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
         use_cache: For the decoders: the config's ``use_cache`` (transformers' KV cache).
     """
     bench = size == "bench"
+    _ids, _causal_lm_loss = _newer().token_ids, _newer().next_token_loss
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
     width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
@@ -242,6 +314,9 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
         model = MixtralForCausalLM(mixtral)
         ids = _ids(mixtral.vocab_size, batch, seq, generator)
         zoo = ZooModel(family, model, (ids,), _causal_lm_loss(ids), (MixtralDecoderLayer,))
+    elif family in FAMILIES:
+        built = _newer().build(family, bench, generator, use_cache)
+        zoo = ZooModel(family, *built)
     else:
         raise ValueError(f"unknown zoo family {family!r}; expected one of {', '.join(FAMILIES)}")
     zoo.model.train()

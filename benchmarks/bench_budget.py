@@ -2,7 +2,10 @@
 
 The zoo (``_zoo.py``, benchmark shapes, random weights): a ResNet-style CNN with
 BatchNorm, ViT, GPT-2, Llama, T5 and Mixtral (the last five from transformers'
-configs). For each model, on the selected backend, these variants train on the same data:
+configs); an LSTM language model and a stack of a user's childless layers (module
+shapes without children); BERT masked LM, ConvNeXt, Whisper, Phi and Mamba (from
+transformers' configs) and a diffusion UNet (diffusers' ``UNet2DModel``). For each
+model, on the selected backend, these variants train on the same data:
 
 * ``plain``: no checkpointing;
 * ``budget 0.75``, ``budget 0.5``, ``budget 0.25``: ``plan_checkpointing`` then
@@ -37,6 +40,9 @@ slower than ``full``.
 
 Usage: python benchmarks/bench_budget.py [--backend NAME] [--model NAME[,NAME...]|all]
        [--warmup N] [--steps N] [--threads N] [--compile] [--plot FILE.png]
+
+A subset of the families: ``--model lstm,custom,bert`` (comma-separated, no spaces).
+Families whose package (transformers, diffusers) is missing are skipped with a line.
 """
 
 from __future__ import annotations
@@ -46,12 +52,13 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.utils.checkpoint
 from _report import print_table, write_results
-from _zoo import FAMILIES, TRANSFORMERS, ZooModel, build
+from _zoo import FAMILIES, TRANSFORMERS, ZooModel, build, unusable
 from torch import nn
 
 import accel
@@ -366,9 +373,17 @@ def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example, three families on one thread: python benchmarks/bench_budget.py "
+        "--model lstm,custom,bert --threads 1",
+    )
     parser.add_argument("--backend", default=None, help="backend name (default: auto)")
-    parser.add_argument("--model", default="all", help=f"all, or some of {','.join(FAMILIES)}")
+    parser.add_argument(
+        "--model",
+        default="all",
+        help=f"all (default), or a comma-separated subset of: {','.join(FAMILIES)}",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds")
     parser.add_argument("--steps", type=int, default=5, help="timed rounds")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
@@ -383,30 +398,41 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     backend = accel.get_backend(args.backend)
     names = list(FAMILIES) if args.model == "all" else args.model.split(",")
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        print("transformers is not installed: only the ResNet-style model runs")
-        names = [name for name in names if name not in TRANSFORMERS]
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown:
+        raise SystemExit(f"unknown families {unknown}; choose from {','.join(FAMILIES)}")
+    for name in list(names):
+        reason = unusable(name)
+        if reason is not None:
+            print(f"{name}: skipped, {reason}")
+            names.remove(name)
     started = time.perf_counter()
-    results = []
+    results: list[dict[str, Any]] = []
+
+    def write() -> Path:
+        # After every family, so that a long run that is cut short keeps what it measured.
+        # A subset of families gets a file of its own, so as not to replace a full run's.
+        subset = "" if args.model == "all" else "-" + "-".join(names)
+        return write_results(
+            ("budget-compile" if args.compile else "budget") + subset,
+            backend.name,
+            {
+                "warmup": args.warmup,
+                "steps": args.steps,
+                "threads": torch.get_num_threads(),
+                "seconds": time.perf_counter() - started,
+                "torch_version": torch.__version__,
+                "models": results,
+            },
+        )
+
     for name in names:
         result = run_case(name, backend, args)
         print_case(result)
         print(f"\nplan at budget 0.5:\n{result['plans']['budget 0.5']}")
         results.append(result)
+        path = write()
     seconds = time.perf_counter() - started
-    path = write_results(
-        "budget-compile" if args.compile else "budget",
-        backend.name,
-        {
-            "warmup": args.warmup,
-            "steps": args.steps,
-            "threads": torch.get_num_threads(),
-            "seconds": seconds,
-            "models": results,
-        },
-    )
     print(f"\n{seconds:.0f} s; wrote {path}")
     if args.plot:
         draw(results, args.plot, backend.name)

@@ -16,6 +16,7 @@ __all__ = [
     "require_optional_bool",
     "resolve_backend",
     "validate_budget",
+    "validate_planned",
 ]
 
 
@@ -114,4 +115,34 @@ def validate_budget(memory_budget: Any) -> None:
             f"checkpointing: memory_budget={memory_budget} bytes is out of range: an int "
             "budget is a positive number of bytes of activation memory. Pass a positive "
             "int, or a float fraction 0 < b <= 1."
+        )
+
+
+def validate_planned(model: Any, example_inputs: Any) -> None:
+    """Raise unless ``model`` and ``example_inputs`` describe a training step to plan.
+
+    Raises:
+        TypeError: ``model`` is not a module, or ``example_inputs`` is neither a tuple
+            (or list) of positional arguments nor a dict of keyword arguments.
+        ValueError: ``model`` is in evaluation mode.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"checkpointing: the model to plan must be a torch.nn.Module, got "
+            f"{type(model).__name__}. Pass the model whose training step is to fit the budget."
+        )
+    if not isinstance(example_inputs, tuple | list | dict):
+        kind = type(example_inputs).__name__
+        raise TypeError(
+            "checkpointing: example_inputs must be a tuple of the model's positional "
+            f"arguments (or a dict of keyword arguments), got a {kind}. For a model "
+            "called as model(x), pass example_inputs=(x,)."
+        )
+    if not model.training:
+        raise ValueError(
+            "checkpointing: the model is in evaluation mode (model.training is False), so "
+            "the profiled step would skip dropout and use batch norm's running statistics: "
+            "a plan made from it does not match a training step (its saved tensors and "
+            "operator calls differ) and the memory it measures is not training's. Call "
+            "model.train() before planning, and plan the step you will train."
         )

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -24,7 +26,7 @@ from torch import nn
 import accel
 from accel import Accelerator
 
-from ._args import resolve_backend, validate_budget
+from ._args import resolve_backend, validate_budget, validate_planned
 from ._caches import refuse_cache_inputs, switch_off_kv_cache
 from ._candidates import (
     EVERY_BLOCK,
@@ -36,22 +38,15 @@ from ._candidates import (
 )
 from ._decisions import KEEP, MEASURED, SAVED
 from ._knapsack import Knapsack
-from ._options import Option, candidates, priced, storage_bytes
-from ._overhead import (
-    live_bytes,
-    measured_step_ratio,
-    measured_steps,
-    pack_seconds,
-    selective_overhead,
-)
+from ._options import Option, candidates, nothing_to_checkpoint, priced, storage_bytes
+from ._overhead import live_bytes, measured_steps, pack_seconds, selective_overhead
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._profile import StepProfile, profile_step
 from ._saved_grain import saved_plan
 from ._selective import unavailable_reason
+from ._timed import Rounds, plain_step_time, reference, separated, shortfall
 
 __all__ = ["plan_checkpointing"]
-
-_SWITCH = 0.95  # every block whole replaces the estimate's choice if this much faster
 
 
 def _order(profile: StepProfile, chosen: dict[str, Option]) -> dict[str, Option]:
@@ -79,7 +74,7 @@ def _rows(
         kept = storage_bytes(profile, option.kept) + option.extra_bytes
         return [PlanRow(name, option.kind, option.decision, kept, option.seconds)]
     below = _frontier(profile, knapsack, name)
-    inside = any(other.startswith(f"{name}.") for other in chosen)
+    inside = any(not name or other.startswith(f"{name}.") for other in chosen)
     repeated = len(below) > 1 and len({profile.modules[b].kind for b in below}) == 1
     if name in knapsack.options and not inside and not repeated:
         owned = [
@@ -101,9 +96,11 @@ def plan_checkpointing(
 ) -> CheckpointPlan:
     """Plan the checkpointing that fits ``memory_budget`` with the fastest step.
 
-    Runs one warm-up step, one recorded forward and two timed steps of
-    ``model(*example_inputs)`` (see :mod:`checkpointing._profile`); the model's
-    parameters, gradients, buffers and generator states are left as they were.
+    Profiles forwards of ``model(*example_inputs)`` that keep none of the tensors
+    autograd saves (:mod:`checkpointing._profile`), and times only checkpointed
+    steps, never the plain one (:mod:`checkpointing._timed`): planning holds about
+    what the chosen plan's own step holds, not the plain step's activations. The
+    model's parameters, gradients, buffers and generator states are left as they were.
     A transformers KV cache (``config.use_cache``) is switched off, with a warning.
 
     Example::
@@ -131,20 +128,23 @@ def plan_checkpointing(
         The plan; ``plan.apply(model)`` carries it out.
 
     Raises:
-        TypeError: If ``memory_budget`` is not a float or an int.
+        TypeError: If ``memory_budget`` is not a float or an int, or
+            ``example_inputs`` is not a tuple (or list) or a dict (a bare tensor ``x``
+            is refused: pass ``(x,)``).
         ValueError: If ``memory_budget`` is out of range or below what checkpointing
             every candidate module reaches (the message gives the smallest reachable
-            fraction), no model output requires grad, or ``example_inputs`` pass
+            fraction), the model is in evaluation mode, no module can be checkpointed
+            (the message says why), no model output requires grad, or ``example_inputs`` pass
             ``use_cache=True`` or a key-value cache (a transformers ``config.use_cache``
             that is ``True`` is instead set to ``False``, with a warning).
     """
     validate_budget(memory_budget)
-    if not isinstance(example_inputs, tuple | list | dict):
-        example_inputs = (example_inputs,)
+    validate_planned(model, example_inputs)
     refuse_cache_inputs(example_inputs)
     switch_off_kv_cache(model)
     resolved = resolve_backend(backend)
     backend = accel.get_backend() if resolved is None else resolved
+    device_start = _device_start(backend)
     note = ""
     reason = unavailable_reason() if selective else None
     if reason is not None:
@@ -164,13 +164,24 @@ def plan_checkpointing(
     overhead = selective_overhead(backend) if selective else (0.0, 0.0)
     options = priced(unpriced, overhead)
     knapsack, chosen = _choose(profile, budget, options, memory_budget)
+    base = reference(profile, options)
     timed = any(option.policy_calls for option in chosen.values())
+    plans = [chosen, base] if timed else [base]
+    rounds = [
+        Rounds(tuple(seconds), _recompute(plan))
+        for plan, seconds in zip(
+            plans,
+            measured_steps(model, example_inputs, backend, [_applier(profile, p) for p in plans])
+            if base
+            else [[] for _ in plans],
+            strict=True,
+        )
+    ]
+    profile.step_time = plain_step_time(profile, rounds[-1])
     if timed:
-        draft = _plan(profile, knapsack, chosen, budget, "")
-        measured = measured_step_ratio(model, example_inputs, backend, draft.apply)
-        calls = sum(option.policy_calls for option in chosen.values())
-        missing = (measured - draft.estimated_step_time_ratio) * profile.step_time
+        missing = shortfall(rounds[0], rounds[1])
         if missing > 0:
+            calls = sum(option.policy_calls for option in chosen.values())
             overhead = (overhead[0] + missing / calls, overhead[1])
             options = priced(unpriced, overhead)
             knapsack, chosen = _choose(profile, budget, options, memory_budget)
@@ -182,7 +193,34 @@ def plan_checkpointing(
         )
     pool, best, target = _checked(model, example_inputs, backend, profile, budget, options, chosen)
     knapsack = Knapsack(profile, 0, options)
-    return _plan(profile, knapsack, best.chosen, budget, note, pool, best, target)
+    plan = _plan(profile, knapsack, best.chosen, budget, note, pool, best, target)
+    if device_start is None:
+        return plan
+    backend.synchronize()
+    return replace(
+        plan,
+        device_bytes=backend.memory_allocated() - device_start,
+        device_peak_bytes=backend.max_memory_allocated() - device_start,
+    )
+
+
+def _device_start(backend: Accelerator) -> int | None:
+    """Bytes the device holds before planning (its peak counter reset), where it counts."""
+    if not backend.supports_memory_stats:
+        return None
+    backend.synchronize()
+    start = backend.memory_allocated()
+    backend.reset_peak_memory_stats()
+    return start
+
+
+def _recompute(chosen: dict[str, Option]) -> float:
+    return sum(option.seconds for option in chosen.values())
+
+
+def _applier(profile: StepProfile, chosen: dict[str, Option]) -> Callable[[nn.Module], list[str]]:
+    """``chosen`` as a function that applies it in place (for timing and measuring)."""
+    return _plan(profile, Knapsack(profile, 0, {}), chosen, 0, "").apply
 
 
 def _checked(
@@ -199,19 +237,19 @@ def _checked(
     See :mod:`._candidates`.
 
     The fastest candidate that fits by estimate is applied and its activation bytes
-    measured (:func:`._overhead.live_bytes`, above the plain model's); if they exceed
-    the budget, the overshoot is taken off the target and the choice made again (up
-    to three times). Then, where checkpointing every repeated block whole also fits,
-    both are timed in place, interleaved, and every block whole is taken if its step is
-    at least 5% faster.
+    measured (:func:`._overhead.live_bytes`, above what the plain model's forward leaves
+    alive, which the profile counted without holding it); if they exceed the budget,
+    the overshoot is taken off the target and the choice made again (up to three
+    times). Then, where checkpointing every repeated block whole also fits, both are
+    timed in place in interleaved rounds (:mod:`._timed`), and every block whole is
+    taken only if its step is at least 5% faster in every round; otherwise the
+    estimate decides. Each candidate's ``reason`` says why it was or was not taken.
     """
     target = budget
-    plain_live = live_bytes(model, example_inputs, backend, None)
 
     def held(choice: Candidate) -> int:
-        draft = _plan(profile, Knapsack(profile, 0, options), choice.chosen, budget, "")
-        measured = live_bytes(model, example_inputs, backend, draft.apply)
-        return measured - plain_live + profile.plain_bytes
+        measured = live_bytes(model, example_inputs, backend, _applier(profile, choice.chosen))
+        return measured - profile.plain_live_bytes + profile.plain_bytes
 
     for _ in range(3):
         pool = [candidate(profile, "knapsack", chosen), *uniform_candidates(profile, options)]
@@ -225,23 +263,45 @@ def _checked(
         except ValueError:
             best.notes.append(f"measured {over} bytes over the budget")
             break
+    _explain(pool, best, target)
     full = next((c for c in pool if c.label == EVERY_BLOCK), None)
     if full is None or full is best or not full.fits(target):
         return pool, best, target
-    applies = [
-        _plan(profile, Knapsack(profile, 0, options), c.chosen, budget, "").apply
-        for c in (best, full)
+    timed = [
+        Rounds(tuple(seconds), c.estimated_seconds)
+        for c, seconds in zip(
+            (best, full),
+            measured_steps(
+                model, example_inputs, backend, [_applier(profile, c.chosen) for c in (best, full)]
+            ),
+            strict=True,
+        )
     ]
-    seconds = measured_steps(model, example_inputs, backend, [*applies, None])
-    # Not clamped at zero: on a noisy host a cheap plan's step can time below the plain
-    # step's, and clamping both to 0 would hide which of the two was faster.
-    best.measured_seconds = seconds[0] - seconds[2]
-    full.measured_seconds = seconds[1] - seconds[2]
-    # A margin, so that timing noise on a busy host does not trade a plan estimated much
-    # faster for whole blocks; where the estimate is wrong (convolutions) the gap is wide.
-    if seconds[1] < _SWITCH * seconds[0] and held(full) <= budget:
+    best.measured_seconds = timed[0].median - profile.step_time
+    full.measured_seconds = timed[1].median - profile.step_time
+    decided, why = separated(timed[1], timed[0])
+    if decided and held(full) <= budget:
+        full.reason = f"taken: timed in place against the estimate's choice, {why}"
+        best.reason = "not taken: every block whole was faster in every timed round"
         return pool, full, target
+    best.reason += f"; timed in place against every block whole: {why}"
+    full.reason = (
+        "not taken: the timing did not separate it from the estimate's choice "
+        f"({why}), so the estimate decides"
+    )
     return pool, best, target
+
+
+def _explain(pool: list[Candidate], best: Candidate, target: int) -> None:
+    """Say why each candidate was, or was not, the estimate's choice."""
+    for c in pool:
+        if c is best:
+            c.reason = "taken: the least estimated recompute time of the plans that fit"
+        elif not c.fits(target):
+            c.reason = f"not taken: estimated {c.estimated_bytes - target} bytes over the budget"
+        else:
+            slower = (c.seconds - best.seconds) * 1e3
+            c.reason = f"not taken: estimated {slower:.2f} ms more recompute than the one taken"
 
 
 def _choose(
@@ -267,13 +327,16 @@ def _choose(
             break
         need += overshoot
     if chosen is None or estimate(profile, chosen) > budget:
+        if not options:
+            raise ValueError(f"checkpointing: {nothing_to_checkpoint(profile)}")
         fallback = knapsack.most_saving()
         smallest = estimate(profile, fallback)
         if smallest > budget:
             least = math.ceil(smallest / plain * 1000) / 1000
             raise ValueError(
                 f"checkpointing: memory_budget={memory_budget!r} ({budget} bytes) is below "
-                "what checkpointing can reach for this model: the smallest reachable is "
+                "what checkpointing can reach for this model (every module that can be "
+                "checkpointed, at the grain that keeps the least): the smallest reachable is "
                 f"{smallest / plain:.3f} of the plain activation memory ({smallest} of "
                 f"{plain} bytes). Pass memory_budget >= {least}."
             )
@@ -300,6 +363,7 @@ def _plan(
             c.measured_seconds,
             c.estimated_bytes <= (budget if target is None else target),
             c is taken,
+            c.reason,
         )
         for c in pool
     )
@@ -314,8 +378,6 @@ def _plan(
         estimated_step_time_ratio=(profile.step_time + recompute) / profile.step_time,
         budget_bytes=budget,
         step_seconds=profile.step_time,
-        device_bytes=profile.device_bytes,
-        device_peak_bytes=profile.device_peak_bytes,
         note=note,
         kept_calls={
             name: option.calls for name, option in chosen.items() if option.decision == MEASURED

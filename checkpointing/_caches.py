@@ -9,7 +9,9 @@ for training and says so; so does accel, for ``apply_activation_checkpointing`` 
 or without a memory budget), :func:`plan_checkpointing` and :meth:`CheckpointPlan.apply`:
 
 * a module's ``config.use_cache`` that is ``True`` is set to ``False``, with a warning
-  naming the setting (the model's own default; ``model.generate`` is unaffected);
+  naming the setting (the model's own default; ``model.generate`` is unaffected),
+  except in an encoder-only model (BERT's config defaults to ``use_cache=True`` too,
+  but its layers, built as an encoder, never take a cache): left alone, no warning;
 * ``use_cache=True`` or a cache object among ``example_inputs`` is refused;
 * a checkpointed module called with a cache object while grad is enabled (the caller
   passed ``use_cache=True`` explicitly) raises before its forward runs.
@@ -40,8 +42,27 @@ def _is_cache(value: object) -> bool:
     )
 
 
+def _encoder_only(module: nn.Module, config: Any) -> bool:
+    """Whether no layer under ``module`` takes a KV cache: an encoder-only model.
+
+    transformers' encoder families (BERT and its kin) can also be built as decoders,
+    and their layers say which they are in an ``is_decoder`` attribute; built as
+    encoders they never create or pass a cache, whatever ``config.use_cache`` says.
+    Decoder-only families (GPT-2, Llama) have no such attribute and use the cache.
+    """
+    if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+        return False
+    flags = [
+        inner.__dict__["is_decoder"] for inner in module.modules() if "is_decoder" in inner.__dict__
+    ]
+    return bool(flags) and not any(flags)
+
+
 def switch_off_kv_cache(model: nn.Module) -> list[str]:
     """Set every ``config.use_cache`` in ``model`` that is ``True`` to ``False``, warning once.
+
+    An encoder-only model (no layer takes a cache, see :func:`_encoder_only`) is left
+    as it is, without a warning: there the setting does nothing in training.
 
     Returns:
         The settings switched off, as ``"<module>.config.use_cache"``.
@@ -53,7 +74,7 @@ def switch_off_kv_cache(model: nn.Module) -> list[str]:
         if config is None or id(config) in seen:
             continue
         seen.add(id(config))
-        if getattr(config, "use_cache", None) is True:
+        if getattr(config, "use_cache", None) is True and not _encoder_only(module, config):
             config.use_cache = False
             switched.append(f"{name + '.' if name else 'model.'}config.use_cache")
     if switched:

@@ -14,7 +14,9 @@ itself with. This module lists those plans next to the knapsack's choice:
 and :func:`fastest_fitting` picks the fastest candidate whose estimated bytes fit the
 budget. *Repeated blocks* are sibling candidate modules of the same class with the
 same classes of children, found from the top of the model down (a model's decoder
-layers, a ResNet's residual blocks), at the outermost level where they occur.
+layers, a ResNet's residual blocks, a stack of a user's childless layers), at the
+outermost level where they occur; a leaf counts only where checkpointing it saves bytes
+(two embeddings side by side are not blocks).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Candidate:
     estimated_seconds: float
     measured_seconds: float | None = None
     notes: list[str] = field(default_factory=list)
+    reason: str = ""  # why the planner took it or not (ConsideredPlan.reason)
 
     def fits(self, budget: int) -> bool:
         return self.estimated_bytes <= budget
@@ -81,13 +84,21 @@ def _signature(profile: StepProfile, name: str) -> tuple[str, tuple[str, ...]]:
     return record.kind, tuple(profile.modules[child].kind for child in record.children)
 
 
+def _block_like(profile: StepProfile, options: dict[str, list[Option]], name: str) -> bool:
+    """A candidate with submodules, or a leaf whose checkpoint saves bytes (not embeddings)."""
+    if name not in options:
+        return False
+    return bool(profile.modules[name].children) or _full(options[name]).saved_bytes > 0
+
+
 def blocks(profile: StepProfile, options: dict[str, list[Option]], name: str = "") -> list[str]:
     """The repeated blocks below ``name`` (see the module docstring), in visiting order."""
     children = profile.modules[name].children
-    counts = Counter(_signature(profile, child) for child in children if child in options)
+    eligible = {child for child in children if _block_like(profile, options, child)}
+    counts = Counter(_signature(profile, child) for child in eligible)
     found: list[str] = []
     for child in children:
-        if child in options and counts[_signature(profile, child)] > 1:
+        if child in eligible and counts[_signature(profile, child)] > 1:
             found.append(child)
         else:
             found.extend(blocks(profile, options, child))

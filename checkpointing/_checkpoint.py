@@ -130,7 +130,8 @@ def checkpoint(
     Raises:
         ValueError: Keyword arguments, ``context_fn`` or ``debug`` with the reentrant
             variant, or an unknown ``determinism_check`` (torch's wording).
-        TypeError: ``backend`` is neither a backend, a backend name nor ``None``.
+        TypeError: ``function`` is not callable, or ``backend`` is neither a backend, a
+            backend name nor ``None``.
         RuntimeError: In backward, with torch's wording, when the reentrant variant is
             used with :func:`torch.autograd.grad` or ``backward(inputs=...)``, or when
             no recomputed output requires grad.
@@ -155,6 +156,13 @@ def checkpoint(
         raise TypeError(
             "checkpointing: checkpoint() got arguments but no function to run. Pass the "
             "function first: checkpoint(function, *args, use_reentrant=False)."
+        )
+    if not callable(function):
+        raise TypeError(
+            f"checkpointing: checkpoint() runs a function, but its first argument is a "
+            f"{type(function).__name__} ({function!r:.60}), which cannot be called. Pass "
+            "the function or module first and its inputs after it: "
+            "checkpoint(block, x, use_reentrant=False)."
         )
     if torch.compiler.is_compiling():  # torch validates; use_reentrant=None stays torch's
         del options["backend"]

@@ -12,6 +12,7 @@ from ._profile import StepProfile
 __all__ = ["BUCKETS", "Knapsack"]
 
 BUCKETS = 1000
+_ROWS = 32  # targets merged at once
 
 
 class Knapsack:
@@ -25,18 +26,38 @@ class Knapsack:
     are merged by min-plus convolution, so the cost is O(M * B^2) time and O(M * B)
     memory for M modules and B = ``BUCKETS`` (B^2 = 10^6 tensor operations per module
     with submodules).
+
+    The unit is the same for every budget, so ``best[s]`` is one table whatever the
+    budget: a looser budget needs fewer units and, the table never decreasing, never
+    gets a plan with more estimated recompute time than a tighter one.
     """
 
     def __init__(self, profile: StepProfile, need: int, options: dict[str, list[Option]]) -> None:
         self.profile = profile
-        self.unit = max(need / BUCKETS, 1.0)
+        self.unit = max(profile.plain_bytes / BUCKETS, 1.0)
         self.size = math.ceil(need / self.unit)
         self.options = options
-        targets = torch.arange(self.size + 1)
-        # rest[s, a]: what the next child must save when the others save a, for s in all.
-        self.rest = (targets.unsqueeze(1) - targets.unsqueeze(0)).clamp(min=0)
+        self.targets = torch.arange(self.size + 1)
         self.choice: dict[str, torch.Tensor] = {}
         self.splits: dict[str, list[torch.Tensor]] = {}
+
+    def _merge(self, best: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Min-plus convolution of two tables, ``_ROWS`` targets at a time.
+
+        In slices, so that the search holds O(``_ROWS`` * B) bytes rather than O(B^2):
+        planning's memory stays that of the steps it times (:mod:`._budget`).
+        """
+        merged = torch.empty_like(best)
+        split = torch.empty(best.shape, dtype=torch.long)
+        targets = self.targets
+        for start in range(0, len(targets), _ROWS):
+            rows = targets[start : start + _ROWS]
+            # rest[s, a]: what the next child must save when the others save a.
+            rest = (rows.unsqueeze(1) - targets.unsqueeze(0)).clamp(min=0)
+            merged[start : start + _ROWS], split[start : start + _ROWS] = (
+                best.unsqueeze(0) + table[rest]
+            ).min(dim=1)
+        return merged, split
 
     def _solve(self, name: str) -> torch.Tensor:
         size = self.size
@@ -48,8 +69,7 @@ class Knapsack:
             if math.isinf(float(table[1])):  # the child saves nothing: skip the merge
                 splits.append(torch.full((size + 1,), -1, dtype=torch.long))
                 continue
-            merged, split = (best.unsqueeze(0) + table[self.rest]).min(dim=1)
-            best = merged
+            best, split = self._merge(best, table)
             splits.append(split)
         self.splits[name] = splits
         choice = torch.full((size + 1,), -1, dtype=torch.long)
@@ -79,10 +99,13 @@ class Knapsack:
     def solve(self) -> dict[str, Option] | None:
         """The chosen option per module, or ``None`` if no choice saves enough."""
         table = self._solve("")
-        if math.isinf(float(table[self.size])):
-            return None
-        chosen: dict[str, Option] = {}
-        self._collect("", self.size, chosen)
+        chosen: dict[str, Option] | None = None
+        if not math.isinf(float(table[self.size])):
+            chosen = {}
+            self._collect("", self.size, chosen)
+        # Free the tables before the planner times any step.
+        self.choice.clear()
+        self.splits.clear()
         return chosen
 
     def most_saving(self, name: str = "") -> dict[str, Option]:

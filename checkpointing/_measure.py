@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -67,27 +68,66 @@ class LiveActivationMeter:
     whoever holds it: autograd's saved tensors, a selective checkpoint's cache of kept
     operator outputs, the output itself. Used by the budget benchmark and tests, where
     :class:`SavedTensorMeter` would miss what a selective policy keeps outside autograd.
+
+    :attr:`peak_bytes` is the most those storages held at once while the context was
+    active (counted at every operator, freed storages subtracted as they go): the peak
+    of a whole training step, or of planning, on a device whose allocator keeps no
+    statistics (the host).
+
+    Example::
+
+        with LiveActivationMeter(exclude=model.parameters()) as meter:
+            model(x).sum().backward()
+        print(meter.peak_bytes)     # the step's peak of live tensors
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
-        from torch.multiprocessing.reductions import StorageWeakRef
         from torch.utils._python_dispatch import TorchDispatchMode
 
         excluded = {tensor.untyped_storage().data_ptr() for tensor in exclude}
-        created: list[tuple[Any, int]] = []
-        self._created = created
+        # Liveness comes from finalizers on the storages, never from references to them:
+        # even a weak reference to a storage (StorageWeakRef) keeps its bytes allocated.
+        tracked: dict[int, int] = {}  # storage (cdata) to bytes, while alive
+        foreign: set[int] = set()  # storages that were there before (inputs), alive
+        since: set[int] = set()  # storages created since the meter was last entered
+        totals = [0, 0]  # bytes alive now, the most alive at once
+        self._tracked, self._since, self._totals = tracked, since, totals
+
+        def freed(key: int) -> None:
+            totals[0] -= tracked.pop(key, 0)
+            foreign.discard(key)
+            since.discard(key)
+
+        def key_of(storage: Any) -> int:
+            return int(storage._cdata)
+
+        def track(storage: Any) -> None:
+            key = key_of(storage)
+            if key in tracked or key in foreign:
+                return
+            tracked[key] = storage.nbytes()
+            since.add(key)
+            totals[0] += tracked[key]
+            totals[1] = max(totals)
+            weakref.finalize(storage, freed, key)
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
+                for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
+                    if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+                        storage = leaf.untyped_storage()
+                        key = key_of(storage)
+                        if key not in tracked and key not in foreign:
+                            foreign.add(key)
+                            weakref.finalize(storage, freed, key)
                 out = func(*args, **(kwargs or {}))
-                leaves, _ = torch.utils._pytree.tree_flatten(out)
-                for leaf in leaves:
+                for leaf in torch.utils._pytree.tree_leaves(out):
                     if isinstance(leaf, torch.Tensor):
                         storage = leaf.untyped_storage()
                         if storage.data_ptr() not in excluded:
-                            created.append((StorageWeakRef(storage), storage.nbytes()))
+                            track(storage)
                 return out
 
         self._mode = _Mode()
@@ -95,11 +135,16 @@ class LiveActivationMeter:
     @property
     def bytes(self) -> int:
         """Bytes of the distinct storages created in the context and still alive."""
-        alive = {ref.cdata: size for ref, size in self._created if not ref.expired()}
-        return sum(alive.values())
+        return sum(self._tracked[key] for key in self._since if key in self._tracked)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes the storages created in the context held at once."""
+        return self._totals[1]
 
     def __enter__(self) -> LiveActivationMeter:
-        self._created.clear()
+        self._since.clear()
+        self._totals[1] = self._totals[0] = sum(self._tracked.values())
         self._mode.__enter__()
         return self
 

@@ -108,11 +108,13 @@ class _Replay:
         self.function = function
         self.options = options
         self.state: ForwardState | None = None
+        self.aliases: tuple[tuple[int, int], ...] = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         state = self.state
         args = _opened(args, self.options)
         if state is None:
+            self.aliases = _aliases((*args, *kwargs.values()))
             state = self.state = ForwardState.capture(
                 self.options.backend,
                 self.options.preserve_rng_state,
@@ -123,8 +125,37 @@ class _Replay:
             except BaseException:
                 state.restore_rng()
                 raise
+        if self.aliases:
+            args, kwargs = _realiased(args, kwargs, self.aliases)
         with recomputation(state, (*args, *kwargs.values())):
             return self.function(*args, **kwargs)
+
+
+def _aliases(values: tuple[Any, ...]) -> tuple[tuple[int, int], ...]:
+    """``(later, first)`` positions of tensors passed more than once (``attn(x, x, x)``)."""
+    first: dict[int, int] = {}
+    pairs = []
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            pairs.extend([(position, first[id(value)])] if id(value) in first else [])
+            first.setdefault(id(value), position)
+    return tuple(pairs)
+
+
+def _realiased(
+    args: tuple[Any, ...], kwargs: dict[str, Any], aliases: tuple[tuple[int, int], ...]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The recomputation's arguments with the forward's repeats restored.
+
+    torch hands the recomputation one tensor per saved argument, so ``f(x, x)`` would
+    be recomputed as ``f(x1, x2)``; a module that tells the two apart (self-attention
+    projects ``query is key`` in one product) would run differently.
+    """
+    values = [*args, *kwargs.values()]
+    for later, first in aliases:
+        values[later] = values[first]
+    count = len(args)
+    return tuple(values[:count]), dict(zip(kwargs, values[count:], strict=True))
 
 
 def _hide_unknown_devices(args: tuple[Any, ...], options: Options) -> tuple[Any, ...]:

@@ -1,7 +1,10 @@
 """The ways to checkpoint one module, and what each saves and costs.
 
-For every candidate module (one that runs once per step, has submodules and does not
-receive one tensor as several arguments) the options are: one saved-tensor plan per
+For every candidate module (one that runs once per step, does not receive one tensor
+as several arguments, and has submodules or saves activations itself: a leaf such as
+``nn.LSTM`` or a user's childless layer; the root where its own operators save
+activations, whole only; an RNN, whose layers are fused kernels, whole only too) the
+options are: one saved-tensor plan per
 prefix of its greedy drop and pack units (:mod:`._saved_grain`); the whole module (keep
 its inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
 :mod:`._selective`); and one selective checkpoint per prefix of the measured units
@@ -29,7 +32,15 @@ from ._profile import StepProfile
 from ._replay import Geometry, counted
 from ._saved_grain import DROP, PACK, SavedUnit, saved_summary, saved_units
 
-__all__ = ["Option", "candidates", "priced", "storage_bytes"]
+__all__ = [
+    "Option",
+    "candidates",
+    "nothing_to_checkpoint",
+    "own_work",
+    "owned",
+    "priced",
+    "storage_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -82,14 +93,10 @@ def _options(
     (:mod:`._overhead`).
     """
     record = profile.modules[name]
-    owned = {
-        index
-        for index, stacks in profile.saved_by.items()
-        if all(name in stack for stack in stacks)
-    }
+    mine = owned(profile, name)
 
     def option(decision: str, seconds: float, kept: frozenset[int], **more: Any) -> Option:
-        saved = storage_bytes(profile, owned - kept) - storage_bytes(
+        saved = storage_bytes(profile, mine - kept) - storage_bytes(
             profile, kept - profile.saved_by.keys()
         )
         return Option(decision, saved, seconds, kept, **more)
@@ -97,6 +104,13 @@ def _options(
     inputs = frozenset(record.inputs)
     saves = {index for index, _ in record.packs if index is not None}
     options = [option(FULL, record.forward_time, inputs)]
+    if not name or record.fused_rnn:
+        # The root: whole only (the model in one piece, see CheckpointPlan.apply). An RNN
+        # (nn.LSTM, nn.GRU): whole only, as its layers are fused kernels (on a host
+        # mkldnn_rnn_layer, elsewhere the device library's) that return a workspace
+        # beside their outputs, differ between backends, and save little a cheap
+        # operator could rebuild; checkpointed whole it replays its dropout exactly.
+        return options
     # Saved-tensor positions and operator occurrences are recorded once; where the data
     # decides shapes or how many calls run (routing), only grains without them remain.
     stable = not record.data_dependent
@@ -171,6 +185,45 @@ def candidates(
     }
 
 
+def owned(profile: StepProfile, name: str) -> set[int]:
+    """The saved storages only module ``name`` saves (inside it, wherever saved)."""
+    return {
+        index
+        for index, stacks in profile.saved_by.items()
+        if all(name in stack for stack in stacks)
+    }
+
+
+def own_work(profile: StepProfile) -> bool:
+    """Whether the root's own operators (outside every submodule) save activations."""
+    return any(all(stack == ("",) for stack in stacks) for stacks in profile.saved_by.values())
+
+
 def _is_candidate(profile: StepProfile, name: str) -> bool:
+    """Runs once per step, and is a block or saves activations.
+
+    A module with submodules is a candidate as before; a leaf (``nn.LSTM``, a user's
+    childless layer) when it saves activations of its own; the root when its own
+    operators (outside every submodule) save activations: checkpointed whole, it keeps
+    only the model's inputs.
+    """
     record = profile.modules[name]
-    return bool(name) and record.calls == 1 and bool(record.children) and not record.repeated_input
+    if record.calls != 1:
+        return False
+    if not name:
+        return own_work(profile)
+    return bool(record.children) or bool(owned(profile, name))
+
+
+def nothing_to_checkpoint(profile: StepProfile) -> str:
+    """Why no module of the profiled model is a candidate: a sentence for the error."""
+    shared = sorted(n for n, r in profile.modules.items() if n and r.calls > 1)
+    causes = []
+    if shared:
+        causes.append(f"{len(shared)} run more than once per step ({', '.join(shared[:3])})")
+    causes.append("the others, and the model's own operators, save no activations")
+    return (
+        "no module of this model can be checkpointed, so no memory budget below 1.0 can "
+        f"be reached: of its submodules, {'; '.join(causes)}. Train it without a budget, "
+        "or call a shared module once per step (a copy for each place)."
+    )

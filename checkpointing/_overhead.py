@@ -18,14 +18,14 @@ can hide some of this behind its queue, so there it is an upper bound.
 
 That chain misses costs that only a real model shows (Python per call grows with the
 operator's arguments; kept outputs hold memory the allocator would have reused), so
-the planner also times its first plan in place (:func:`measured_step_ratio`) and,
-where the step is slower than estimated, spreads the difference over the selective
-regions' operator calls and plans once more.
+the planner also times its first plan in place (:func:`measured_steps`, interleaved
+with a reference plan, :mod:`._timed`) and, where the step is slower than estimated in
+every round, spreads the median shortfall over the selective regions' operator calls
+and plans once more.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -36,17 +36,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from accel import Accelerator
 
+from . import _clock
 from ._checkpoint import run_checkpoint
 from ._measure import LiveActivationMeter
 from ._non_reentrant import ContextFn
 from ._packed import Packed
 from ._replay import Geometry
+from ._root import uncheckpoint_root
 from ._selective import kept_calls_context_fn
 from ._steps import backward, call_model, timed_step, untouched
 
 __all__ = [
     "live_bytes",
-    "measured_step_ratio",
     "measured_steps",
     "pack_seconds",
     "selective_overhead",
@@ -80,15 +81,22 @@ class _Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _best_time(step: Callable[[], Any], backend: Accelerator) -> float:
-    best = float("inf")
-    for _ in range(_ROUNDS):
-        backend.synchronize()
-        start = time.perf_counter()
-        step()
-        backend.mark_step()
-        backend.synchronize()
-        best = min(best, time.perf_counter() - start)
+def _best_times(steps: list[Callable[[], Any]], backend: Accelerator) -> list[float]:
+    """The fastest of ``_ROUNDS`` runs of each step, the steps interleaved round by round.
+
+    Interleaving puts a busy spell of the host on every step alike, rather than on
+    whichever ran during it.
+    """
+    best = [float("inf")] * len(steps)
+    for round_index in range(_ROUNDS):
+        shift = round_index % len(steps)
+        for number in [*range(shift, len(steps)), *range(shift)]:
+            backend.synchronize()
+            start = _clock.now()
+            steps[number]()
+            backend.mark_step()
+            backend.synchronize()
+            best[number] = min(best[number], _clock.now() - start)
     return best
 
 
@@ -125,10 +133,15 @@ def selective_overhead(backend: Accelerator) -> tuple[float, float]:
 
         keep_none, keep_all = kept_calls_context_fn(()), kept_calls_context_fn(every)
         run(keep_all)  # warm-up: first calls build caches
-        plain = _best_time(lambda: run(None, checkpointed=False), backend)
-        full = _best_time(lambda: run(None), backend)
-        none = _best_time(lambda: run(keep_none), backend)
-        kept = _best_time(lambda: run(keep_all), backend)
+        plain, full, none, kept = _best_times(
+            [
+                lambda: run(None, checkpointed=False),
+                lambda: run(None),
+                lambda: run(keep_none),
+                lambda: run(keep_all),
+            ],
+            backend,
+        )
     per_call = max(none - full, 0.0) / calls
     per_kept = max((kept - plain) / calls - per_call, 0.0)
     return per_call, per_kept
@@ -147,7 +160,7 @@ def pack_seconds(geometry: Geometry, device: torch.device, backend: Accelerator)
         if packed is not None:
             packed.unpack()
 
-    return _best_time(round_trip, backend)
+    return _best_times([round_trip], backend)[0]
 
 
 @contextmanager
@@ -158,6 +171,9 @@ def _applied(model: nn.Module, apply: Callable[[nn.Module], list[str]] | None) -
         yield
     finally:
         for name in wrapped:
+            if not name:
+                uncheckpoint_root(model)
+                continue
             parent_name, _, leaf = name.rpartition(".")
             parent = model.get_submodule(parent_name)
             setattr(parent, leaf, getattr(parent, leaf).module)
@@ -167,59 +183,42 @@ def measured_steps(
     model: nn.Module,
     example_inputs: Any,
     backend: Accelerator,
-    applies: list[Callable[[nn.Module], list[str]] | None],
-    rounds: int = 3,
-) -> list[float]:
-    """The fastest step of ``model`` under each plan (``None``: plain), rounds interleaved.
+    applies: list[Callable[[nn.Module], list[str]]],
+    rounds: int = 5,
+) -> list[list[float]]:
+    """Each plan's step times over ``rounds`` interleaved rounds (after a warm-up round).
 
-    Each round applies every plan in place in turn (rotating the order), times one
-    step and removes the wrappers again; the first round only warms up. Parameters,
-    gradients, buffers and generator states are as they were afterwards.
+    Each round applies every plan in place in turn (rotating the order), times one step
+    and removes the wrappers again, so that round ``i`` of every plan ran at about the
+    same time on the host: comparing plans round by round cancels what the host's load
+    did to both. Parameters, gradients, buffers and generator states are as they were
+    afterwards. No plain step runs: the planner never holds the plain activations.
     """
-    fastest = [float("inf")] * len(applies)
+    times: list[list[float]] = [[] for _ in applies]
     with untouched(model, backend):
         for round_index in range(rounds + 1):
-            order = list(range(len(applies)))
-            shift = round_index % len(order)
-            for number in order[shift:] + order[:shift]:
+            shift = round_index % len(applies)
+            for number in [*range(shift, len(applies)), *range(shift)]:
                 with _applied(model, applies[number]):
-                    seconds = timed_step(model, example_inputs, backend)[0]
+                    seconds = timed_step(model, example_inputs, backend)
                     model.zero_grad(set_to_none=True)
                 if round_index > 0:
-                    fastest[number] = min(fastest[number], seconds)
-    return fastest
-
-
-def measured_step_ratio(
-    model: nn.Module,
-    example_inputs: Any,
-    backend: Accelerator,
-    apply: Callable[[nn.Module], list[str]],
-) -> float:
-    """Time ``model`` with a plan applied in place against the plain model, then undo it.
-
-    A warm-up round, then the fastest of three interleaved steps of each. The wrapped
-    modules are put back, and the parameters, gradients, buffers and generator states
-    are as they were.
-
-    Returns:
-        The planned step's time over the plain step's.
-    """
-    planned, plain = measured_steps(model, example_inputs, backend, [apply, None])
-    return planned / plain
+                    times[number].append(seconds)
+    return times
 
 
 def live_bytes(
     model: nn.Module,
     example_inputs: Any,
     backend: Accelerator,
-    apply: Callable[[nn.Module], list[str]] | None,
+    apply: Callable[[nn.Module], list[str]],
 ) -> int:
     """Bytes a forward of ``model`` (a plan applied in place) leaves alive for backward.
 
     :class:`._measure.LiveActivationMeter`: autograd's saved storages, the inputs a
     checkpoint keeps and the outputs a selective policy caches, and the output itself
-    (the same in every plan, so differences between plans are activation bytes).
+    (the same in every plan; the profile's ``plain_live_bytes`` is the plain model's
+    figure, so the difference is the plan's activation bytes).
     """
     exclude = [*model.parameters(), *model.buffers()]
     with untouched(model, backend), _applied(model, apply):

@@ -14,6 +14,7 @@ from accel import Accelerator
 from ._caches import refuse_cache_arguments, switch_off_kv_cache
 from ._checkpoint import run_checkpoint
 from ._decisions import FULL, KEEP, MEASURED, SAVED, SELECTIVE
+from ._root import checkpoint_root, root_checkpointed
 from ._saved_grain import SavedPlan
 from ._saved_wrapper import SavedTensorWrapper
 from ._selective import kept_calls_context_fn, selective_context_fn
@@ -99,6 +100,7 @@ class ConsideredPlan:
     measured_seconds: float | None  # recompute time measured in place, if timed
     fits: bool  # estimated bytes within the budget (less any overshoot measured in place)
     taken: bool
+    reason: str = ""  # why it was taken or not: the estimate, or in-place timing rounds
 
 
 def _mib(count: int) -> str:
@@ -124,10 +126,11 @@ class CheckpointPlan:
         estimated_step_time_ratio: Expected step time over the plain step time.
         budget_bytes: The budget the plan was made for, in bytes.
         step_seconds: The measured plain step time.
-        device_peak_bytes: The device's peak allocation during the profiled forward
-            (``max_memory_allocated``), above what was allocated before it, or ``None``.
-        device_bytes: Memory the device held after the profiled forward (the device's
-            own statistics), or ``None`` where the backend keeps none.
+        device_peak_bytes: The device's peak allocation while planning
+            (``max_memory_allocated``), above what was allocated before, or ``None``
+            where the backend keeps no memory statistics.
+        device_bytes: Memory planning left allocated on the device (0 unless
+            something leaked), or ``None`` where the backend keeps no statistics.
         note: Why a grain was unavailable, or empty.
         kept_calls: For each ``"keep costly ops"`` module, the ``(operator,
             occurrence)`` calls whose outputs it keeps.
@@ -160,6 +163,9 @@ class CheckpointPlan:
         """Wrap, in place, the modules of ``model`` the plan checkpoints.
 
         ``model`` is the planned model or one built the same way (same module names).
+        The root (name ``""``, decided where the model's own operators save
+        activations) is checkpointed whole by setting ``model.forward`` to a
+        checkpoint around the class's forward; the model stays the same object.
         A transformers ``config.use_cache`` that is ``True`` is set to ``False``, with a
         warning (recomputation would append to the KV cache twice).
 
@@ -172,6 +178,9 @@ class CheckpointPlan:
         """
         targets: list[tuple[str, nn.Module, str, nn.Module]] = []
         for name in self.decisions:
+            if not name:
+                self._check_root(model)
+                continue
             parent_name, _, leaf = name.rpartition(".")
             try:
                 parent = model.get_submodule(parent_name)
@@ -201,6 +210,8 @@ class CheckpointPlan:
                 )
             targets.append((name, parent, leaf, child))
         switch_off_kv_cache(model)
+        if "" in self.decisions:
+            checkpoint_root(model, preserve_rng_state=preserve_rng_state, backend=backend)
         for name, parent, leaf, child in targets:
             if self.decisions[name] == SAVED:
                 wrapper: nn.Module = SavedTensorWrapper(
@@ -221,11 +232,25 @@ class CheckpointPlan:
             setattr(parent, leaf, wrapper)
         return list(self.decisions)
 
+    def _check_root(self, model: nn.Module) -> None:
+        """Raise ``ValueError`` unless the root's decision can be carried out on ``model``."""
+        if self.decisions[""] != FULL:
+            raise ValueError(
+                f"checkpointing: this plan says {self.decisions['']!r} for the model itself "
+                "(the root module, named ''); the root can only be checkpointed whole "
+                "('checkpoint'). Use a plan made by plan_checkpointing."
+            )
+        if root_checkpointed(model):
+            raise ValueError(
+                "checkpointing: the model itself is already checkpointed whole; apply a "
+                "plan to a model without checkpoint wrappers."
+            )
+
     def __str__(self) -> str:
         header = ("module", "grain", "activations kept", "recompute", "decision")
         lines = [
             (
-                row.module,
+                row.module or "(the model)",
                 row.kind,
                 _mib(row.kept_bytes),
                 f"{row.recompute_seconds * 1e3:.2f} ms",
@@ -247,8 +272,8 @@ class CheckpointPlan:
         if self.device_bytes is not None:
             peak = _mib(self.device_peak_bytes or 0)
             rendered.append(
-                f"device memory, plain forward (the device's statistics): held at its end "
-                f"{_mib(self.device_bytes)} (activations and output), peak {peak}"
+                f"device memory while planning (the device's statistics): peak {peak} "
+                f"above what was allocated before, {_mib(self.device_bytes)} left after"
             )
         if self.note:
             rendered.append(self.note)

@@ -8,15 +8,20 @@ checkpoint keeps, and the time of its operators (the backend is synchronized aro
 each operator on asynchronous devices). On lazy devices operators do not run when
 called, so each module is timed between ``mark_step`` and ``synchronize`` at its
 boundaries and split between kept and recomputed operators by the bytes they write.
-A clean step (forward and backward, no recording) gives the step time the recompute
-estimates are scaled to. Parameters, gradients, buffers and generator states are as
-they were afterwards.
+A clean forward gives the time the operators' timings are scaled to.
+
+No forward here keeps what autograd saves: the saved-tensor hooks record each tensor
+and store nothing in its place, so profiling holds at most what an inference forward
+holds, never the plain step's activations (the memory a budget is for). Nothing runs
+backward; the planner times the plain step's backward through a checkpointed step
+(:mod:`._budget`). Parameters, gradients, buffers and generator states are as they
+were afterwards.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-import time
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -24,13 +29,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from accel import Accelerator
 
+from . import _clock
 from ._replay import Geometry, Ref, replayable, template_of
 from ._selective import is_saved_operator, written_tensors
-from ._steps import backward, call_model, tensors_of, timed_step, untouched
+from ._steps import call_model, dropping_saved, require_grad, tensors_of, timed_forward, untouched
 
 __all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step"]
 
@@ -67,6 +74,7 @@ class ModuleProfile:
     repeated_input: bool = False
     running_stats: bool = False  # it or a module inside updates running statistics
     data_dependent: bool = False  # an operator inside has a data-dependent output shape
+    fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
     children: list[str] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)
     cached: set[int] = field(default_factory=set)
@@ -86,10 +94,9 @@ class StepProfile:
     modules: dict[str, ModuleProfile]
     storage_bytes: dict[int, int]
     saved_by: dict[int, set[tuple[str, ...]]]
-    step_time: float
+    step_time: float  # the plain step's, estimated (:func:`plain_step_time`); nan before
     forward_time: float
-    device_bytes: int | None
-    device_peak_bytes: int | None = None
+    plain_live_bytes: int = 0  # what a plain forward leaves alive (LiveActivationMeter)
 
     @property
     def plain_bytes(self) -> int:
@@ -125,6 +132,8 @@ class _Recorder(TorchDispatchMode):
         self.operator_time = 0.0
         self.per_operator = backend.is_asynchronous and not backend.is_lazy
         self.shaped_by_data: set[int] = set()  # storages created downstream of routing
+        self.created: set[int] = set()  # storages an operator of the forward created
+        self.alive: dict[int, StorageWeakRef] = {}
 
     def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
         storage = tensor.untyped_storage()
@@ -132,8 +141,11 @@ class _Recorder(TorchDispatchMode):
         if pointer == 0 or pointer in self.excluded:
             return None
         if new or pointer not in self.ids:
-            self.ids[pointer] = len(self.storage_bytes)
-            self.storage_bytes[self.ids[pointer]] = storage.nbytes()
+            index = self.ids[pointer] = len(self.storage_bytes)
+            self.storage_bytes[index] = storage.nbytes()
+            if new:
+                self.created.add(index)
+                self.alive[index] = StorageWeakRef(storage)
         return self.ids[pointer]
 
     def ref(self, tensor: torch.Tensor) -> Ref | None:
@@ -149,11 +161,11 @@ class _Recorder(TorchDispatchMode):
         arguments = tensors_of((args, kwargs))
         if self.per_operator:
             self.backend.synchronize()
-        start = time.perf_counter()
+        start = _clock.now()
         out = func(*args, **kwargs)
         if self.per_operator:
             self.backend.synchronize()
-        elapsed = time.perf_counter() - start
+        elapsed = _clock.now() - start
         self.operator_time += elapsed
         inputs = {t.untyped_storage().data_ptr() for t in arguments}
         outputs = tuple(
@@ -185,7 +197,7 @@ class _Recorder(TorchDispatchMode):
                 if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
                     self.shaped_by_data.add(index)
         template = None
-        if replayable(func) and any(module.children for module in self.stack):
+        if replayable(func) and self.stack:
             template, complete = template_of((args, kwargs), self.ref)
             template = template if complete else None
         for module in self.stack:
@@ -197,10 +209,12 @@ class _Recorder(TorchDispatchMode):
             else:
                 module.recomputed_time += elapsed
                 module.recomputed_bytes += written
-            if module.children:
-                occurrence = self.occurrences[module.name, name]
-                self.occurrences[module.name, name] += 1
-                call = OpCall(
+            # Every module, leaves included: a leaf that does its own work (an LSTM, a
+            # user's childless layer) is a candidate at the operator grains too.
+            occurrence = self.occurrences[module.name, name]
+            self.occurrences[module.name, name] += 1
+            module.ops.append(
+                OpCall(
                     name,
                     occurrence,
                     elapsed,
@@ -212,14 +226,18 @@ class _Recorder(TorchDispatchMode):
                     template,
                     outputs,
                 )
-                module.ops.append(call)
+            )
         return out
 
 
-def _share_timings(modules: dict[str, ModuleProfile]) -> None:
+def _share_timings(modules: dict[str, ModuleProfile], storage_bytes: dict[int, int]) -> None:
     """Give modules doing the same work (repeated blocks) the median of their timings.
 
     Identical blocks cost the same; single timings of each are noisy on a busy host.
+    So do identical operator calls (the same operator reading and writing storages of
+    the same sizes: a block's two convolutions of one shape): each gets the median of
+    them all, so that which of two equal calls a plan keeps or drops is not decided by
+    timing noise but by their order, the same in every planning.
     """
     groups: dict[tuple[str, int, int], list[ModuleProfile]] = {}
     for record in modules.values():
@@ -237,6 +255,15 @@ def _share_timings(modules: dict[str, ModuleProfile]) -> None:
                 seconds = statistics.median(call.seconds for call in calls)
                 for call in calls:
                     call.seconds = seconds
+    same: dict[tuple[Any, ...], list[OpCall]] = {}
+    for record in modules.values():
+        for call in record.ops:
+            sizes = tuple(storage_bytes[index] for index in (*call.read, *call.fresh))
+            same.setdefault((call.name, len(call.read), sizes), []).append(call)
+    for equal in same.values():
+        seconds = statistics.median(call.seconds for call in equal)
+        for call in equal:
+            call.seconds = seconds
 
 
 def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> StepProfile:
@@ -254,6 +281,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
     modules = {name: ModuleProfile(name) for name in names.values()}
     for name, module in model.named_modules():
         modules[name].kind = type(module).__qualname__
+        modules[name].fused_rnn = isinstance(module, nn.RNNBase)
         modules[name].children = [
             names[id(child)] for child in module.children() if id(child) in names
         ]
@@ -273,9 +301,9 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         record = modules[names[id(module)]]
         record.calls += 1
         tensors = tensors_of((args, kwargs))
-        # The checkpoint hands recomputation one fresh tensor per argument, so a module
-        # that tells apart `f(x, x)` from `f(x, y)` (attention's self-attention path)
-        # would run differently; such modules are not candidates.
+        # `f(x, x)`: the checkpoint restores such repeats in its recomputation (torch hands
+        # it one tensor per argument; self-attention projects `query is key` in one
+        # product), so these modules are candidates like any other.
         record.repeated_input |= len({id(t) for t in tensors}) < len(tensors)
         if module.training and getattr(module, "track_running_stats", False):
             for running in (record, *recorder.stack):
@@ -289,7 +317,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         if lazy:
             backend.mark_step()
             backend.synchronize()
-            started[record.name] = time.perf_counter()
+            started[record.name] = _clock.now()
         recorder.stack.append(record)
 
     def after(module: nn.Module, args: Any, output: Any) -> None:
@@ -297,45 +325,34 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         if lazy:
             backend.mark_step()
             backend.synchronize()
-            record.forward_time += time.perf_counter() - started.pop(record.name)
+            record.forward_time += _clock.now() - started.pop(record.name)
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def pack(tensor: torch.Tensor) -> None:
         index = recorder.identify(tensor)
         if index is not None:
             saved_by.setdefault(index, set()).add(tuple(m.name for m in recorder.stack))
         geometry = Geometry.of(tensor)
         for record in recorder.stack:
-            if record.children:
-                record.packs.append((index, geometry))
-        return tensor
+            record.packs.append((index, geometry))
 
     with untouched(model, backend):
-        backward(call_model(model, example_inputs))  # warm-up: first-call costs are not kept
-        model.zero_grad(set_to_none=True)
-        device_start = 0
-        if backend.supports_memory_stats:
-            backend.synchronize()
-            device_start = backend.memory_allocated()
-            backend.reset_peak_memory_stats()
+        timed_forward(model, example_inputs, backend)  # warm-up: first-call costs not kept
+        forward_time = min(timed_forward(model, example_inputs, backend) for _ in range(2))
         with ExitStack() as stack:
             for module in model.modules():
                 stack.callback(module.register_forward_pre_hook(before, with_kwargs=True).remove)
                 stack.callback(module.register_forward_hook(after).remove)
             stack.enter_context(recorder)
-            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t))
+            stack.enter_context(dropping_saved(pack))
             output = call_model(model, example_inputs)
         backend.mark_step()
-        device_bytes = device_peak = None
-        if backend.supports_memory_stats:
-            backend.synchronize()
-            device_bytes = backend.memory_allocated() - device_start
-            device_peak = backend.max_memory_allocated() - device_start
-        backward(output)
+        require_grad(output)
+        # What a plain forward would leave alive: the storages it creates that autograd
+        # saves, and those still alive here without them (the output, module caches).
+        held = {index for index in recorder.created if index in saved_by}
+        held.update(index for index, ref in recorder.alive.items() if not ref.expired())
+        plain_live = sum(recorder.storage_bytes[index] for index in held)
         del output
-        model.zero_grad(set_to_none=True)
-        timings = [timed_step(model, example_inputs, backend) for _ in range(2)]
-        model.zero_grad(set_to_none=True)
-        step_time, forward_time = min(timings)
     if lazy:
         for record in modules.values():
             share = record.recomputed_bytes / max(record.written_bytes, 1)
@@ -349,13 +366,12 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         for record in modules.values():
             record.forward_time *= scale
             record.recomputed_time *= scale
-    _share_timings(modules)
+    _share_timings(modules, recorder.storage_bytes)
     return StepProfile(
         modules=modules,
         storage_bytes=recorder.storage_bytes,
         saved_by=saved_by,
-        step_time=step_time,
+        step_time=math.nan,
         forward_time=forward_time,
-        device_bytes=device_bytes,
-        device_peak_bytes=device_peak,
+        plain_live_bytes=plain_live,
     )

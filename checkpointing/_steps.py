@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,7 +12,18 @@ from torch.utils._pytree import tree_flatten
 
 from accel import Accelerator
 
-__all__ = ["backward", "call_model", "tensors_of", "timed_step", "untouched"]
+from . import _clock
+
+__all__ = [
+    "backward",
+    "call_model",
+    "dropping_saved",
+    "require_grad",
+    "tensors_of",
+    "timed_forward",
+    "timed_step",
+    "untouched",
+]
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
@@ -41,7 +51,8 @@ def untouched(model: nn.Module, backend: Accelerator) -> Iterator[None]:
             param.grad = grad
 
 
-def backward(output: Any) -> None:
+def require_grad(output: Any) -> list[torch.Tensor]:
+    """The outputs that require grad (raises if none does: there is nothing to plan)."""
     outputs = [t for t in tensors_of(output) if t.requires_grad]
     if not outputs:
         raise ValueError(
@@ -49,7 +60,47 @@ def backward(output: Any) -> None:
             "there is no backward to plan for. Pass inputs of a training step, with "
             "the model's parameters requiring grad and grad mode enabled."
         )
+    return outputs
+
+
+def backward(output: Any) -> None:
+    outputs = require_grad(output)
     torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+
+
+class _Dropped:
+    """What a profiled forward stores in place of a saved tensor: nothing."""
+
+    def __repr__(self) -> str:
+        return "<dropped saved tensor>"
+
+
+DROPPED = _Dropped()
+
+
+def _refuse_backward(packed: Any) -> torch.Tensor:
+    raise RuntimeError(
+        "checkpointing: backward through a profiling forward, whose saved tensors were "
+        "not kept. This is a bug in the planner; please report it."
+    )
+
+
+def dropping_saved(
+    record: Any = None,
+) -> torch.autograd.graph.saved_tensors_hooks:
+    """Saved-tensor hooks that keep nothing: the forward holds no activations.
+
+    ``record(tensor)`` (if given) sees each tensor autograd would save. The profile's
+    forwards run under these hooks, so that planning never holds the plain step's
+    activations, which are what the budget is for.
+    """
+
+    def pack(tensor: torch.Tensor) -> Any:
+        if record is not None:
+            record(tensor)
+        return DROPPED
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, _refuse_backward)
 
 
 def call_model(model: nn.Module, example_inputs: Any) -> Any:
@@ -58,14 +109,27 @@ def call_model(model: nn.Module, example_inputs: Any) -> Any:
     return model(*example_inputs)
 
 
-def timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> tuple[float, float]:
+def timed_forward(model: nn.Module, example_inputs: Any, backend: Accelerator) -> float:
+    """Seconds of one forward whose saved tensors are dropped (see :func:`dropping_saved`)."""
     backend.synchronize()
-    start = time.perf_counter()
+    start = _clock.now()
+    with dropping_saved():
+        output = call_model(model, example_inputs)
+    backend.mark_step()
+    backend.synchronize()
+    elapsed = _clock.now() - start
+    require_grad(output)
+    return elapsed
+
+
+def timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> float:
+    """Seconds of one training step (forward and backward) of ``model`` as it is."""
+    backend.synchronize()
+    start = _clock.now()
     output = call_model(model, example_inputs)
     backend.mark_step()
-    backend.synchronize()
-    middle = time.perf_counter()
     backward(output)
+    del output
     backend.mark_step()
     backend.synchronize()
-    return time.perf_counter() - start, middle - start
+    return _clock.now() - start

@@ -111,6 +111,7 @@ class Engine:
                 f"offload: lr_scheduler must have a step() method (a torch.optim.lr_scheduler "
                 f"object), got {type(lr_scheduler).__name__}."
             )
+        _check_optimizer(model, optimizer)
         self.model = model
         self.optimizer = optimizer
         self.gradient_accumulation_steps = steps
@@ -292,4 +293,25 @@ class Engine:
             f"Engine(model={type(self.model).__name__}, gradient_accumulation_steps="
             f"{self.gradient_accumulation_steps}, loss_scale={self.loss_scale}, "
             f"micro_steps={self.micro_steps})"
+        )
+
+
+def _check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    """Raise ``OffloadConfigError`` if ``optimizer`` holds none of ``model``'s parameters."""
+    if optimizer is None:
+        return
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list):
+        raise OffloadConfigError(
+            f"offload: Engine needs a torch.optim.Optimizer (with param_groups), got "
+            f"{type(optimizer).__name__}. Pass torch.optim.AdamW(model.parameters()) or the like."
+        )
+    held = {id(p) for group in groups for p in group.get("params", ())}
+    own = [p for p in model.parameters()]
+    if own and not any(id(p) in held for p in own):
+        raise OffloadConfigError(
+            f"offload: the optimizer holds none of the model's {len(own)} parameters (its "
+            f"{len(held)} parameters belong to another model, or to a copy of this one), so "
+            "Engine.step would update nothing the model uses. Build the optimizer from "
+            "this model: optimizer = torch.optim.AdamW(model.parameters(), ...)."
         )

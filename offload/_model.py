@@ -284,6 +284,14 @@ class OffloadModel(nn.Module):
         batch = next(
             (v.shape[0] for v in args if isinstance(v, torch.Tensor) and v.dim() > 0), None
         )
+        if batch is not None and 1 < self.num_microbatches > batch:
+            raise OffloadConfigError(
+                f"offload: this OffloadModel splits each batch into num_microbatches="
+                f"{self.num_microbatches} micro-batches, but the batch has {batch} rows, so "
+                f"it cannot be split {self.num_microbatches} ways. Pass batches of at least "
+                f"{self.num_microbatches} rows, or build the model with num_microbatches <= "
+                f"{batch}."
+            )
         self._residency.invalidate()
         self._residency.drop_pending()
         self._state.enter(State.FORWARD, why="forward started")

@@ -249,3 +249,11 @@ def test_exception_in_recomputation_leaves_caller_state(
         current = dict(model.named_buffers())[name]
         assert current is buffer and torch.equal(current, value), name
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_function_that_is_not_callable_is_named() -> None:
+    x = torch.randn(3, requires_grad=True)
+    state = torch.get_rng_state()
+    with pytest.raises(TypeError, match=r"^checkpointing: checkpoint\(\) runs a function, .* int"):
+        checkpoint(3, x, use_reentrant=False)  # type: ignore[arg-type]
+    assert torch.equal(torch.get_rng_state(), state) and x.grad is None

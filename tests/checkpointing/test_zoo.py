@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -42,27 +43,18 @@ def _load_zoo() -> ModuleType:
     return module
 
 
-def _transformers_unusable() -> str | None:
-    if importlib.util.find_spec("transformers") is None:
-        return "transformers is not installed (pip install -e '.[test]')"
-    import transformers
-
-    if not transformers.utils.is_torch_available():
-        # transformers 5.x treats a torch older than its floor (2.6) as absent.
-        return (
-            f"transformers {transformers.__version__} does not support torch "
-            f"{torch.__version__}; the transformer families run where it does"
-        )
-    return None
-
-
 zoo = _load_zoo()
-UNUSABLE = _transformers_unusable()
+
+
+def _needs(family: str) -> list[pytest.MarkDecorator]:
+    """A skip, with the reason, where the package ``family`` is built with is unusable."""
+    reason = zoo.unusable(family)
+    return [pytest.mark.skipif(reason is not None, reason=f"{family}: {reason}")]
+
+
+UNUSABLE = zoo.unusable("gpt2")
 needs_transformers = pytest.mark.skipif(UNUSABLE is not None, reason=str(UNUSABLE))
-FAMILIES = [
-    pytest.param(family, marks=needs_transformers) if family in zoo.TRANSFORMERS else family
-    for family in zoo.FAMILIES
-]
+FAMILIES = [pytest.param(family, marks=_needs(family)) for family in zoo.TESTED]
 _FIELDS: dict[str, Any] = {
     "rows": (),
     **dict.fromkeys(("plain_bytes", "estimated_bytes", "budget_bytes"), 1),
@@ -97,7 +89,7 @@ def _assert_fits(case: Any, model: nn.Module, plain: nn.Module, budget: float) -
     assert activations <= (budget + 0.02) * plain_saved
 
 
-def _assert_not_dominated(plan: CheckpointPlan) -> None:
+def _assert_not_dominated(plan: CheckpointPlan, repeated: bool = True) -> None:
     considered = plan.considered
     taken = [c for c in considered if c.taken]
     assert len(taken) == 1 and taken[0].fits
@@ -109,15 +101,16 @@ def _assert_not_dominated(plan: CheckpointPlan) -> None:
         assert winner.estimated_seconds == fastest
         assert taken[0].measured_seconds is not None and winner.measured_seconds is not None
         assert taken[0].measured_seconds < winner.measured_seconds
-    assert any(c.label == "every block: checkpoint" for c in considered)
+    # A model with repeated blocks is weighed against checkpointing every block.
+    assert any(c.label == "every block: checkpoint" for c in considered) == repeated
 
 
 @pytest.mark.parametrize(
     ("family", "budget"),
     [
-        pytest.param(family, budget, marks=[needs_transformers] * (family in zoo.TRANSFORMERS))
+        pytest.param(family, budget, marks=_needs(family))
         for family, budget in [
-            *((family, budget) for family in zoo.FAMILIES for budget in (0.5, 0.25)),
+            *((family, budget) for family in zoo.TESTED for budget in (0.5, 0.25)),
             ("resnet", 0.75),  # a block's output is saved by the next block too
         ]
     ],
@@ -129,7 +122,7 @@ def test_budget_plan_is_exact_fits_and_is_not_dominated(family: str, budget: flo
     plan.apply(model)
     _assert_exact(case, model, plain)
     _assert_fits(case, model, plain, budget)
-    _assert_not_dominated(plan)
+    _assert_not_dominated(plan, repeated=family != "lstm")  # one LSTM: nothing repeats
 
 
 def _sampled(options: list[Any]) -> list[Any]:
@@ -148,7 +141,9 @@ def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
     case = zoo.build(family)
     profile = profile_step(case.model, case.inputs, accel.get_backend())
     table = candidates(profile, selective=unavailable_reason() is None)
-    names = blocks(profile, table)
+    # A model without repeated blocks (one LSTM) stands for itself by its block class.
+    named = dict(case.model.named_modules())
+    names = blocks(profile, table) or [n for n in table if case.is_block(named[n])]
     # The first block of each kind stands for its repeats; the modules holding blocks too.
     kinds = {profile.modules[name].kind: name for name in reversed(names)}
     holders = [n for n in table if any(b.startswith(f"{n}.") for b in names)]
@@ -189,6 +184,22 @@ def test_kv_cache_is_switched_off_with_a_warning_for_wrappers_and_budgets() -> N
     with pytest.warns(UserWarning, match=r"config\.use_cache was True"):
         apply_activation_checkpointing(planned, memory_budget=0.5, example_inputs=case.inputs)
     _assert_exact(case, planned, reference.model)
+
+
+@pytest.mark.parametrize("family", [pytest.param("bert", marks=_needs("bert"))])
+def test_encoder_models_keep_use_cache_without_a_warning(family: str) -> None:
+    case = zoo.build(family, use_cache=True)  # BERT's config defaults to use_cache=True
+    reference = copy.deepcopy(case.model)
+    model = copy.deepcopy(case.model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no KV-cache warning: no layer takes a cache
+        apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=case.inputs)
+    assert model.config.use_cache is True
+    _assert_exact(case, model, reference)
+    decoder = zoo.build(family, use_cache=True).model
+    decoder.config.is_decoder = True  # the same family built as a decoder uses the cache
+    with pytest.warns(UserWarning, match=r"config\.use_cache was True; set to False"):
+        apply_activation_checkpointing(decoder, check_fn=case.is_block)
 
 
 @needs_transformers

@@ -7,6 +7,7 @@ gradients without rounding.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable
 
@@ -217,3 +218,14 @@ def test_errors_are_clear() -> None:
     with pytest.raises(OffloadConfigError, match="positive finite"):
         LossScaler(float("inf"))
     assert engine.micro_steps == 0  # nothing counted
+
+
+def test_an_optimizer_of_another_model_is_refused() -> None:
+    model, other = nn.Linear(4, 2), nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+    state = copy.deepcopy(optimizer.state_dict())
+    with pytest.raises(OffloadConfigError, match=r"holds none of the model's 2 parameters"):
+        Engine(model, optimizer)
+    assert optimizer.state_dict() == state and model.weight.grad is None
+    partial = torch.optim.SGD([model.weight], lr=0.1)  # some of them: fine-tuning
+    assert Engine(model, partial).optimizer is partial

@@ -488,3 +488,13 @@ def test_autocast_is_replayed(copy_mode: bool, checkpoint_activation: bool) -> N
     (expected, expected_grads), (actual, actual_grads) = results
     assert torch.equal(actual, expected)
     assert_tensors(actual_grads, expected_grads, exact=True)
+
+
+def test_a_batch_smaller_than_the_microbatch_count_is_refused() -> None:
+    model = OffloadModel(make_layers(), num_slices=2, num_microbatches=5)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(OffloadConfigError, match=r"num_microbatches=5 .* the batch has 2 rows"):
+        model(torch.randn(2, 6))
+    assert model.state is State.IDLE
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=True))
+    model(torch.randn(5, 6)).sum().backward()  # still usable with a batch of 5 rows

@@ -1,0 +1,182 @@
+"""The memory budget on module shapes without children, and why a budget cannot be reached.
+
+Leaves that do their own work (``nn.LSTM``, ``nn.GRU``, a user's childless layer),
+self-attention called as ``attn(x, x, x)``, and a model that is one childless module
+(checkpointed whole through its forward) are planned, bit-exact with dropout; every
+"cannot reach" error names its cause.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import checkpointing
+from checkpointing import CheckpointPlan, plan_checkpointing
+from checkpointing._decisions import FULL
+
+
+def _step(model: nn.Module, inputs: tuple[Any, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    torch.manual_seed(7)
+    out = model(*inputs)
+    out = out[0] if isinstance(out, tuple) else out
+    out.square().mean().backward()
+    grads = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    model.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+def _assert_same_step(model: nn.Module, reference: nn.Module, inputs: tuple[Any, ...]) -> None:
+    out, grads = _step(model, inputs)
+    expected_out, expected_grads = _step(reference, inputs)
+    assert torch.equal(out, expected_out)
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected_grads, strict=True))
+
+
+class Recurrent(nn.Module):
+    """Embedding, a 2-layer RNN with dropout between its layers, a head."""
+
+    def __init__(self, kind: type[nn.RNNBase]) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.rnn = kind(16, 16, num_layers=2, dropout=0.3, batch_first=True)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.embed(ids))[0])
+
+
+class Mixer(nn.Module):
+    """A user's own layer without children: parameters and functional operators."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.up = nn.Parameter(torch.randn(4 * width, width) / width**0.5)
+        self.down = nn.Parameter(torch.randn(width, 4 * width) / (2 * width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = nn.functional.gelu(nn.functional.linear(x, self.up))
+        hidden = nn.functional.dropout(hidden, 0.2, self.training)
+        return x + nn.functional.linear(hidden, self.down)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, 2, dropout=0.2, batch_first=True)
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = self.norm(x)
+        attended, _ = self.attention(normed, normed, normed, need_weights=False)
+        return self.head(x + attended)
+
+
+def _ids() -> torch.Tensor:
+    return torch.randint(50, (3, 12), generator=torch.Generator().manual_seed(1))
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(3, 12, 16, generator=torch.Generator().manual_seed(1))
+
+
+def _built(factory: Any) -> nn.Module:
+    torch.manual_seed(0)
+    module: nn.Module = factory()
+    return module.train()
+
+
+CASES = {
+    "lstm": (lambda: Recurrent(nn.LSTM), _ids, "rnn"),
+    "gru": (lambda: Recurrent(nn.GRU), _ids, "rnn"),
+    "childless model": (Mixer, _x, ""),
+    "self-attention": (SelfAttention, _x, "attention"),
+}
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.25])
+@pytest.mark.parametrize("case", list(CASES))
+def test_modules_without_children_are_planned_exactly(case: str, budget: float) -> None:
+    factory, inputs, module = CASES[case]
+    model, plain, example = _built(factory), _built(factory), (inputs(),)
+    plan = plan_checkpointing(model, example, budget)
+    assert module in plan.decisions
+    assert plan.estimated_bytes <= plan.budget_bytes
+    plan.apply(model)
+    _assert_same_step(model, plain, example)
+    copied = copy.deepcopy(model)  # a checkpointed root is copied with its model
+    _assert_same_step(copied, plain, example)
+
+
+def test_rnn_is_checkpointed_whole_only() -> None:
+    model = _built(lambda: Recurrent(nn.LSTM))
+    plan = plan_checkpointing(model, (_ids(),), 0.25)
+    assert plan.decisions == {"rnn": FULL}
+
+
+def test_childless_model_is_checkpointed_through_its_forward() -> None:
+    model, plain, x = _built(Mixer), _built(Mixer), _x()
+    plan = plan_checkpointing(model, (x,), 0.5)
+    assert plan.decisions == {"": FULL}
+    assert "(the model)" in str(plan)
+    assert plan.apply(model) == [""]
+    assert list(model.state_dict()) == list(plain.state_dict())
+    _assert_same_step(model, plain, (x,))
+    with pytest.raises(ValueError, match=r"model itself is already checkpointed whole"):
+        plan.apply(model)
+    figures: dict[str, Any] = {
+        **dict.fromkeys(("plain_bytes", "estimated_bytes", "budget_bytes"), 1),
+        **dict.fromkeys(("estimated_step_time_ratio", "step_seconds"), 1.0),
+    }
+    wrong = CheckpointPlan(decisions={"": "recompute cheap ops"}, rows=(), **figures)
+    with pytest.raises(ValueError, match=r"root can only be checkpointed whole"):
+        wrong.apply(_built(Mixer))
+
+
+def test_bare_tensor_inputs_are_refused_with_the_tuple_to_pass() -> None:
+    model = _built(Mixer)
+    with pytest.raises(TypeError, match=r"got a Tensor\. For a model called as model\(x\), "):
+        plan_checkpointing(model, _x(), 0.5)
+    with pytest.raises(TypeError, match=r"example_inputs=\(x,\)"):
+        checkpointing.apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=_x())
+    assert "forward" not in model.__dict__
+
+
+def test_evaluation_mode_is_refused_with_what_to_do() -> None:
+    model = _built(Mixer).eval()
+    with pytest.raises(ValueError, match=r"evaluation mode .* Call model\.train\(\) before"):
+        plan_checkpointing(model, (_x(),), 0.5)
+    assert not model.training
+
+
+class Shared(nn.Module):
+    """One layer called twice, and no operator of the model's own saves anything."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(self.layer(x))
+
+
+def test_nothing_to_checkpoint_is_named_as_the_cause() -> None:
+    with pytest.raises(ValueError, match=r"no module of this model can be checkpointed") as error:
+        plan_checkpointing(_built(Shared), (_x(),), 0.5)
+    assert "run more than once per step (layer" in str(error.value)
+    assert "smallest reachable" not in str(error.value)
+
+
+def test_budget_below_the_floor_gives_the_true_floor() -> None:
+    model = _built(lambda: Recurrent(nn.LSTM))
+    with pytest.raises(ValueError, match=r"the smallest reachable is") as error:
+        plan_checkpointing(model, (_ids(),), 0.001)
+    floor = float(str(error.value).split("the smallest reachable is ")[1].split(" ")[0])
+    assert 0.001 < floor < 0.5  # the LSTM checkpointed whole, not 1.000
+    plan = plan_checkpointing(model, (_ids(),), min(floor + 0.01, 1.0))
+    assert plan.estimated_bytes <= plan.budget_bytes

@@ -1,0 +1,121 @@
+"""Planning holds no more than the plan it makes: never the plain step's activations.
+
+People plan to a budget because the plain step does not fit. On the host the tests
+count the peak of live tensors (``LiveActivationMeter.peak_bytes``: every storage an
+operator creates, freed ones subtracted as they go) during planning, and hold it to a
+cap below the plain step's peak: the chosen plan's own step peak, plus the stated
+margin of one block's activations (planning also times every block checkpointed whole,
+whose recomputation holds one block at a time). On a CUDA device the same is checked
+against the allocator, capped with ``torch.cuda.set_per_process_memory_fraction``
+below what the plain step needs.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from checkpointing import LiveActivationMeter, SavedTensorMeter, plan_checkpointing
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width)
+        self.attention = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.Dropout(0.1)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.attention(self.norm1(x)).chunk(3, dim=-1)
+        x = x + self.out(torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v)
+        return x + self.mlp(self.norm2(x))
+
+
+class _Stack(nn.Module):
+    """The issue's shape, smaller: a stack of transformer blocks over token embeddings."""
+
+    def __init__(self, blocks: int = 6, width: int = 32) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Block(width) for _ in range(blocks))
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _stack(device: str = "cpu", width: int = 32, tokens: int = 64) -> tuple[_Stack, torch.Tensor]:
+    torch.manual_seed(0)
+    model = _Stack(width=width).to(device).train()
+    x = torch.randn(4, tokens, width, device=device)
+    return model, x
+
+
+def _step_peak(model: nn.Module, x: torch.Tensor) -> int:
+    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
+        model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return meter.peak_bytes
+
+
+def test_planning_peak_stays_within_the_plan_and_below_the_plain_step() -> None:
+    model, x = _stack()
+    plain_peak = _step_peak(model, x)
+    with SavedTensorMeter(exclude=model.parameters()) as block_meter:
+        model.blocks[0](x)
+    one_block = block_meter.bytes
+    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
+        plan = plan_checkpointing(model, (x,), 0.5)
+    planning_peak = meter.peak_bytes
+    planned = copy.deepcopy(model)
+    plan.apply(planned)
+    cap = _step_peak(planned, x) + one_block
+    assert cap < plain_peak, "the cap must sit below the plain step's peak to mean anything"
+    assert planning_peak <= cap, (planning_peak, cap, plain_peak)
+    # The plan made this way still fits the full batch's budget, measured.
+    with LiveActivationMeter(exclude=[*planned.parameters(), *planned.buffers()]) as live:
+        out = planned(x)
+    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as plain_live:
+        plain_out = model(x)
+    held = live.bytes - plain_live.bytes + plan.plain_bytes  # as the planner measures it
+    assert held <= 0.52 * plan.plain_bytes
+    del out, plain_out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")
+def test_planning_fits_under_a_cuda_memory_cap_the_plain_step_exceeds() -> None:
+    import accel
+
+    backend = accel.get_backend("cuda")
+    model, x = _stack("cuda", width=256, tokens=2048)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    plain_peak = torch.cuda.max_memory_allocated() - base
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    # Room for the model, its gradients and 70% of what the plain step needs above them.
+    torch.cuda.set_per_process_memory_fraction((base + 0.7 * plain_peak) / total)
+    try:
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        plan = plan_checkpointing(model, (x,), 0.5, backend=backend)
+        assert plan.device_peak_bytes is not None and plan.device_peak_bytes < 0.7 * plain_peak
+        plan.apply(model, backend=backend)
+        model(x).sum().backward()  # the plan's step runs under the cap too
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()

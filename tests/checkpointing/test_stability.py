@@ -1,0 +1,125 @@
+"""Plans that do not follow timing noise, and budgets that never buy a slower plan.
+
+The planner's clock is replaced by a simulated host (:mod:`._simulated_host`): time
+advances only by a cost model of the operators that run, scaled by seeded noise
+(per-operator jitter of 30% and a load factor that jumps between 1x and 3x every few
+hundred operators, as on a shared machine). Nothing here reads real time, so the tests
+are deterministic on any machine; each seed replays a different noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from checkpointing import CheckpointPlan, plan_checkpointing
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _simulated_host import simulated
+
+
+def _load_zoo() -> ModuleType:
+    name = "accel_zoo"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "_zoo.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo = _load_zoo()
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (pip install -e '.[test]')",
+)
+_plans: dict[tuple[str, float, int], CheckpointPlan] = {}
+
+
+def _plan(family: str, budget: float, seed: int) -> CheckpointPlan:
+    key = (family, budget, seed)
+    if key not in _plans:
+        case = zoo.build(family)
+        with simulated(seed):
+            _plans[key] = plan_checkpointing(copy.deepcopy(case.model), case.inputs, budget)
+    return _plans[key]
+
+
+def _decided(plan: CheckpointPlan) -> tuple[Any, ...]:
+    """What the plan does (its recorded timings aside)."""
+    taken = [c.label for c in plan.considered if c.taken]
+    saved = {
+        name: (
+            saved.positions,
+            {k: [(c.name, c.occurrence) for c in calls] for k, calls in saved.recipes.items()},
+        )
+        for name, saved in plan.saved_plans.items()
+    }
+    return plan.decisions, plan.kept_calls, saved, taken
+
+
+@pytest.mark.parametrize("family", ["resnet", pytest.param("gpt2", marks=needs_transformers)])
+def test_same_model_inputs_and_budget_give_the_same_plan_under_timing_noise(
+    family: str,
+) -> None:
+    plans = [_plan(family, 0.5, seed) for seed in range(3)]
+    first = _decided(plans[0])
+    assert first[0], "the plan checkpoints something"
+    for plan in plans[1:]:
+        assert _decided(plan) == first
+    for plan in plans:
+        taken = [c for c in plan.considered if c.taken]
+        assert len(taken) == 1 and taken[0].reason.startswith("taken: ")
+        assert all(c.reason.startswith("not taken: ") for c in plan.considered if not c.taken)
+
+
+@needs_transformers
+def test_a_looser_budget_never_gets_a_slower_plan() -> None:
+    plans = [_plan("gpt2", budget, 0) for budget in (0.75, 0.5, 0.25)]
+    ratios = [plan.estimated_step_time_ratio for plan in plans]
+    assert ratios == sorted(ratios)
+    recompute = [sum(row.recompute_seconds for row in plan.rows) for plan in plans]
+    assert recompute == sorted(recompute)
+    for looser, tighter in itertools.pairwise(plans):
+        assert tighter.estimated_bytes <= looser.budget_bytes  # the tighter plan fits too
+
+
+def _timed_as(monkeypatch: pytest.MonkeyPatch, others: list[float]) -> None:
+    """In-place timings: the first plan 1.0 s every round, the others ``others``."""
+
+    def steps(model: Any, inputs: Any, backend: Any, applies: list[Any]) -> list[list[float]]:
+        return [[1.0] * len(others), *[others] * (len(applies) - 1)]
+
+    monkeypatch.setattr("checkpointing._budget.measured_steps", steps)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "taken"),
+    [
+        ([0.5, 0.5, 0.5, 0.5, 1.2], False),  # four wins by far, one loss: not separated
+        ([0.9, 0.94, 0.8, 0.9, 0.7], True),  # faster by 5% or more in every round
+    ],
+)
+def test_every_block_whole_overrules_the_estimate_only_when_every_round_agrees(
+    monkeypatch: pytest.MonkeyPatch, rounds: list[float], taken: bool
+) -> None:
+    _timed_as(monkeypatch, rounds)
+    case = zoo.build("resnet")
+    plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, 0.5)
+    full = next(c for c in plan.considered if c.label == "every block: checkpoint")
+    assert full.measured_seconds is not None  # timed against the estimate's choice
+    assert full.taken is taken
+    if taken:
+        assert full.reason.startswith("taken: timed in place") and "5 of them" in full.reason
+    else:
+        assert "did not separate" in full.reason and "4 of them faster" in full.reason
