@@ -147,9 +147,13 @@ def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
     # The first block of each kind stands for its repeats; the modules holding blocks too.
     kinds = {profile.modules[name].kind: name for name in reversed(names)}
     holders = [n for n in table if any(b.startswith(f"{n}.") for b in names)]
-    selective = [n for n, os in table.items() if any(o.decision in (SELECTIVE, MEASURED) for o in os)]
+    selective = [
+        n for n, os in table.items() if any(o.decision in (SELECTIVE, MEASURED) for o in os)
+    ]
     if family == "resnet":  # batch norm in training: no module holding one gets a selective grain
-        held = [n for n in selective if any(isinstance(m, nn.BatchNorm2d) for m in named[n].modules())]
+        held = [
+            n for n in selective if any(isinstance(m, nn.BatchNorm2d) for m in named[n].modules())
+        ]
         assert selective and not held, held
     checked = 0
     # The leaves and the root offered a selective grain are checked too (a ResNet's stem
