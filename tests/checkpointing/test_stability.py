@@ -18,11 +18,9 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from _simulated_host import simulated  # loaded by tests/conftest.py
 
 from checkpointing import CheckpointPlan, plan_checkpointing
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _simulated_host import simulated
 
 
 def _load_zoo() -> ModuleType:
