@@ -77,8 +77,13 @@ def fake_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModule]:
 
 @pytest.fixture
 def no_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make torch look as if no vendor had registered a PrivateUse1 device."""
+    """Make torch look as if no vendor had registered a PrivateUse1 device.
+
+    The torch is one that autoloads device packages (2.5 and later); the torch 2.4 test
+    switches that off itself.
+    """
     monkeypatch.setattr(_compat, "privateuse1_device_type", lambda: None)
+    monkeypatch.setattr(_compat, "DEVICE_BACKENDS_AUTOLOAD", True)
     accel.reset_backends()
 
 

@@ -154,7 +154,8 @@ def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
         held = [
             n for n in selective if any(isinstance(m, nn.BatchNorm2d) for m in named[n].modules())
         ]
-        assert selective and not held, held
+        assert not held, held
+        assert selective or unavailable_reason() is not None  # torch 2.4: no such grain
     checked = 0
     # The leaves and the root offered a selective grain are checked too (a ResNet's stem
     # convolution, its dropout and its head).
@@ -200,9 +201,12 @@ def test_encoder_models_keep_use_cache_without_a_warning(family: str) -> None:
     case = zoo.build(family, use_cache=True)  # BERT's config defaults to use_cache=True
     reference = copy.deepcopy(case.model)
     model = copy.deepcopy(case.model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no KV-cache warning: no layer takes a cache
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=case.inputs)
+    # No KV-cache warning: no layer takes a cache (transformers 4.x on torch 2.4 warns of
+    # its own deprecated autocast call meanwhile, which is not ours to judge).
+    assert not [w for w in caught if "use_cache" in str(w.message)], caught
     assert model.config.use_cache is True
     _assert_exact(case, model, reference)
     decoder = zoo.build(family, use_cache=True).model
