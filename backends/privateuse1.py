@@ -57,13 +57,13 @@ __all__ = [
     "registered_device",
 ]
 
-#: The name this backend is listed under while no device has joined torch through
-#: PrivateUse1 (always unavailable, with the reason).
 UNREGISTERED_NAME = "privateuse1"
+"""The name the listing shows while no device has joined torch through PrivateUse1."""
 PRIORITY = 225
-#: ``torch.distributed.Backend.UNDEFINED``: the communication backend of a device torch
-#: maps to none.
+"""Auto-detection priority: below ``hpu``, above ``cuda`` (torch prefers such a device too)."""
 UNDEFINED_COMMUNICATION = "undefined"
+"""``torch.distributed.Backend.UNDEFINED``: the communication backend of a device torch maps
+to none."""
 
 
 def registered_device() -> str | None:
