@@ -201,12 +201,19 @@ def test_install_after_deepspeed_set_up_communication_warns(
 
 
 # Appended to each torchrun example: one write per rank (both ranks share the log, and CI
-# runs unbuffered, so a print of several pieces interleaves with the other rank's).
+# runs unbuffered, so a print of several pieces interleaves with the other rank's). Then
+# the rank leaves without interpreter teardown: the example's own ending (barrier,
+# destroy_process_group) has run, and what could still go wrong is torch's, not the
+# example's: a gloo worker thread dropping a finished collective while Python shuts down
+# aborts the process now and then (docs/deepspeed-zero3.md says when).
 REPORT = """
 import os, sys
 ds = sys.modules.get("deepspeed")
 name = type(ds.get_accelerator()).__name__ if ds else "none"
 os.write(1, f"rank {os.environ['RANK']} done, deepspeed accelerator: {name}\\n".encode())
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 """
 TORCHRUN_BLOCKS = [
     block
