@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import weakref
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from accel import Accelerator
@@ -133,7 +133,7 @@ class _Recorder(TorchDispatchMode):
         self.per_operator = backend.is_asynchronous and not backend.is_lazy
         self.shaped_by_data: set[int] = set()  # storages created downstream of routing
         self.created: set[int] = set()  # storages an operator of the forward created
-        self.alive: dict[int, StorageWeakRef] = {}
+        self.freed: set[int] = set()  # created storages freed since
 
     def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
         storage = tensor.untyped_storage()
@@ -145,7 +145,10 @@ class _Recorder(TorchDispatchMode):
             self.storage_bytes[index] = storage.nbytes()
             if new:
                 self.created.add(index)
-                self.alive[index] = StorageWeakRef(storage)
+                # A finalizer, not a StorageWeakRef: on torch 2.4 a weak reference kept
+                # the storage's Python object, and with it every activation of the
+                # profiled forward, alive until planning ended.
+                weakref.finalize(storage, self.freed.add, index)
         return self.ids[pointer]
 
     def ref(self, tensor: torch.Tensor) -> Ref | None:
@@ -350,7 +353,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         # What a plain forward would leave alive: the storages it creates that autograd
         # saves, and those still alive here without them (the output, module caches).
         held = {index for index in recorder.created if index in saved_by}
-        held.update(index for index, ref in recorder.alive.items() if not ref.expired())
+        held.update(recorder.created - recorder.freed)
         plain_live = sum(recorder.storage_bytes[index] for index in held)
         del output
     if lazy:

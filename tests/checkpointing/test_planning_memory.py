@@ -18,7 +18,6 @@ import pytest
 import torch
 from torch import nn
 
-from accel import _compat
 from checkpointing import LiveActivationMeter, SavedTensorMeter, plan_checkpointing
 
 
@@ -67,12 +66,6 @@ def _step_peak(model: nn.Module, x: torch.Tensor) -> int:
     return meter.peak_bytes
 
 
-@pytest.mark.xfail(
-    _compat.torch_release() < (2, 5),
-    reason="on torch 2.4.1 planning still peaks above the plain step (5.1 MB against 3.9 MB "
-    "in CI's oldest cell, 2026-11-25); the cause is not found yet",
-    strict=False,
-)
 def test_planning_peak_stays_within_the_plan_and_below_the_plain_step() -> None:
     model, x = _stack()
     plain_peak = _step_peak(model, x)
