@@ -42,6 +42,11 @@ _load_by_path("docs_blocks", Path(__file__).resolve().parent / "docs_blocks.py")
 _load_by_path(
     "_simulated_host", Path(__file__).resolve().parent / "checkpointing" / "_simulated_host.py"
 )
+# The benchmarks' model zoo, for the planner tests. The sdist ships no benchmarks/, and
+# its smoke tests do not use the zoo.
+_ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "_zoo.py"
+if _ZOO.exists():
+    _load_by_path("accel_zoo", _ZOO)
 
 _ENV_VARIABLES = (
     "ACCEL",

@@ -19,8 +19,6 @@ import copy
 import importlib.util
 import itertools
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -28,21 +26,7 @@ from _simulated_host import simulated  # loaded by tests/conftest.py
 
 from checkpointing import CheckpointPlan, plan_checkpointing
 
-
-def _load_zoo() -> ModuleType:
-    name = "accel_zoo"
-    if name in sys.modules:
-        return sys.modules[name]
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "_zoo.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-zoo = _load_zoo()
+zoo = sys.modules["accel_zoo"]  # loaded by tests/conftest.py
 needs_transformers = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None,
     reason="transformers is not installed (pip install -e '.[test]')",

@@ -9,11 +9,8 @@ switched off with a warning, or refused.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import sys
 import warnings
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -32,18 +29,7 @@ from checkpointing._options import candidates
 from checkpointing._profile import profile_step
 from checkpointing._selective import unavailable_reason
 
-
-def _load_zoo() -> ModuleType:
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "_zoo.py"
-    spec = importlib.util.spec_from_file_location("accel_zoo", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["accel_zoo"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-zoo = _load_zoo()
+zoo = sys.modules["accel_zoo"]  # loaded by tests/conftest.py
 
 
 def _needs(family: str) -> list[pytest.MarkDecorator]:
