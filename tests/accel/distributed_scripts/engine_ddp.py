@@ -7,6 +7,7 @@ batch, to ``$ACCEL_TEST_OUT/rank<RANK>.pt``; tests/accel/test_distributed.py com
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at run time.
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,16 @@ def main() -> None:
     torch.save(
         {"reduces": reduces, "distributed": distributed, "alone": alone}, out / f"rank{rank}.pt"
     )
+    dist.barrier()
     dist.destroy_process_group()
+    # Leave before main's locals are freed. Freeing the DDP reducer drops the last
+    # reference to the gloo process group, whose destructor joins its worker threads
+    # while holding the GIL; a worker still releasing the Python comm hook's future
+    # callback waits for the GIL: a deadlock (seen in CI on a loaded machine,
+    # 2026-11-27: rank 0 hung in ~ProcessGroupGloo after both ranks had saved).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
