@@ -45,6 +45,7 @@ from ._profile import StepProfile, profile_step
 from ._saved_grain import saved_plan
 from ._selective import unavailable_reason
 from ._timed import Rounds, plain_step_time, reference, separated, shortfall
+from ._timings import REPEATS
 
 __all__ = ["plan_checkpointing"]
 
@@ -263,7 +264,7 @@ def _checked(
         except ValueError:
             best.notes.append(f"measured {over} bytes over the budget")
             break
-    _explain(pool, best, target)
+    _explain(pool, best, target, profile)
     full = next((c for c in pool if c.label == EVERY_BLOCK), None)
     if full is None or full is best or not full.fits(target):
         return pool, best, target
@@ -292,11 +293,17 @@ def _checked(
     return pool, best, target
 
 
-def _explain(pool: list[Candidate], best: Candidate, target: int) -> None:
+def _explain(pool: list[Candidate], best: Candidate, target: int, profile: StepProfile) -> None:
     """Say why each candidate was, or was not, the estimate's choice."""
+    timings = ""
+    if profile.noise > 0:
+        timings = (
+            f" (operator times: medians over {REPEATS} forwards, each within about "
+            f"{profile.noise:.0%} of its true value, one standard deviation)"
+        )
     for c in pool:
         if c is best:
-            c.reason = "taken: the least estimated recompute time of the plans that fit"
+            c.reason = "taken: the least estimated recompute time of the plans that fit" + timings
         elif not c.fits(target):
             c.reason = f"not taken: estimated {c.estimated_bytes - target} bytes over the budget"
         else:

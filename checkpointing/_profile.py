@@ -8,7 +8,10 @@ checkpoint keeps, and the time of its operators (the backend is synchronized aro
 each operator on asynchronous devices). On lazy devices operators do not run when
 called, so each module is timed between ``mark_step`` and ``synchronize`` at its
 boundaries and split between kept and recomputed operators by the bytes they write.
-A clean forward gives the time the operators' timings are scaled to.
+A clean forward gives the time the operators' timings are scaled to. Where operators
+run when called, the forward runs twice more under a mode that only times each call,
+and every call gets the median of its three timings (:mod:`._timings`), with the
+spread of those timings as the profile's ``noise``.
 
 No forward here keeps what autograd saves: the saved-tensor hooks record each tensor
 and store nothing in its place, so profiling holds at most what an inference forward
@@ -38,6 +41,7 @@ from . import _clock
 from ._replay import Geometry, Ref, replayable, template_of
 from ._selective import is_saved_operator, written_tensors
 from ._steps import call_model, dropping_saved, require_grad, tensors_of, timed_forward, untouched
+from ._timings import repeated
 
 __all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step"]
 
@@ -97,6 +101,7 @@ class StepProfile:
     step_time: float  # the plain step's, estimated (:func:`plain_step_time`); nan before
     forward_time: float
     plain_live_bytes: int = 0  # what a plain forward leaves alive (LiveActivationMeter)
+    noise: float = 0.0  # relative standard deviation of an operator's median time
 
     @property
     def plain_bytes(self) -> int:
@@ -134,6 +139,9 @@ class _Recorder(TorchDispatchMode):
         self.shaped_by_data: set[int] = set()  # storages created downstream of routing
         self.created: set[int] = set()  # storages an operator of the forward created
         self.freed: set[int] = set()  # created storages freed since
+        self.names: list[str] = []  # every operator call, in order
+        self.elapsed: list[float] = []  # its seconds
+        self.made: list[list[OpCall]] = []  # its records, one per module around it
 
     def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
         storage = tensor.untyped_storage()
@@ -203,6 +211,10 @@ class _Recorder(TorchDispatchMode):
         if replayable(func) and self.stack:
             template, complete = template_of((args, kwargs), self.ref)
             template = template if complete else None
+        made: list[OpCall] = []
+        self.names.append(name)
+        self.elapsed.append(elapsed)
+        self.made.append(made)
         for module in self.stack:
             module.data_dependent |= data_dependent
             module.forward_time += elapsed
@@ -216,21 +228,32 @@ class _Recorder(TorchDispatchMode):
             # user's childless layer) is a candidate at the operator grains too.
             occurrence = self.occurrences[module.name, name]
             self.occurrences[module.name, name] += 1
-            module.ops.append(
-                OpCall(
-                    name,
-                    occurrence,
-                    elapsed,
-                    tuple(fresh),
-                    tuple(dict.fromkeys(mutated)),
-                    tuple(dict.fromkeys(read)),
-                    random,
-                    func,
-                    template,
-                    outputs,
-                )
+            call = OpCall(
+                name,
+                occurrence,
+                elapsed,
+                tuple(fresh),
+                tuple(dict.fromkeys(mutated)),
+                tuple(dict.fromkeys(read)),
+                random,
+                func,
+                template,
+                outputs,
             )
+            module.ops.append(call)
+            made.append(call)
         return out
+
+    def time_again(self, model: nn.Module, example_inputs: Any) -> float:
+        """Give each call its median over repeated forwards (:mod:`._timings`); the noise."""
+        medians, noise = repeated(
+            model, example_inputs, self.backend, self.names, self.elapsed, self.per_operator
+        )
+        for seconds, made in zip(medians, self.made, strict=True):
+            for call in made:
+                call.seconds = seconds
+        self.operator_time = sum(medians)
+        return noise
 
 
 def _share_timings(modules: dict[str, ModuleProfile], storage_bytes: dict[int, int]) -> None:
@@ -356,6 +379,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         held.update(recorder.created - recorder.freed)
         plain_live = sum(recorder.storage_bytes[index] for index in held)
         del output
+        noise = 0.0 if lazy else recorder.time_again(model, example_inputs)
     if lazy:
         for record in modules.values():
             share = record.recomputed_bytes / max(record.written_bytes, 1)
@@ -363,13 +387,15 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
             for call in record.ops:
                 written = sum(recorder.storage_bytes[index] for index in call.fresh)
                 call.seconds = record.forward_time * written / max(record.written_bytes, 1)
-    elif recorder.operator_time > 0:
-        # Operators timed alone miss the Python between them, which recomputation pays too.
-        scale = forward_time / recorder.operator_time
-        for record in modules.values():
-            record.forward_time *= scale
-            record.recomputed_time *= scale
     _share_timings(modules, recorder.storage_bytes)
+    if not lazy:
+        # Operators timed alone miss the Python between them, which recomputation pays too.
+        scale = forward_time / recorder.operator_time if recorder.operator_time > 0 else 1.0
+        for record in modules.values():
+            record.forward_time = scale * sum(call.seconds for call in record.ops)
+            record.recomputed_time = scale * sum(
+                call.seconds for call in record.ops if not is_saved_operator(call.func)
+            )
     return StepProfile(
         modules=modules,
         storage_bytes=recorder.storage_bytes,
@@ -377,4 +403,5 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Accelerator) ->
         step_time=math.nan,
         forward_time=forward_time,
         plain_live_bytes=plain_live,
+        noise=noise,
     )
