@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import platform
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,3 +49,15 @@ def write_results(name: str, backend: str, payload: dict[str, Any]) -> Path:
     path = RESULTS_DIR / f"{name}-{backend}-{now:%Y%m%d}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
+
+
+def checkout(revision: str, into: str) -> str:
+    """Extract the packages of git ``revision`` into ``into`` (for ``PYTHONPATH``)."""
+    packages = ("accel", "backends", "checkpointing")
+    archive = subprocess.run(
+        ["git", "-C", str(RESULTS_DIR.parents[1]), "archive", revision, *packages],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return into

@@ -131,16 +131,6 @@ def _fresh(case: str, meter: bool, threads: int, path: str | None) -> dict[str, 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _checkout(revision: str, into: str) -> str:
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", revision, "accel", "backends", "checkpointing"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
-    return into
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -153,11 +143,11 @@ def main() -> None:
         print(json.dumps(run_case(args.case, args.meter, args.threads)))
         return
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _report import print_table, write_results
+    from _report import checkout, print_table, write_results
 
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        path = None if args.before is None else _checkout(args.before, scratch)
+        path = None if args.before is None else checkout(args.before, scratch)
         cases = [(case, None) for case in CASES]
         if path is not None:
             cases.append((f"planning at 0.5 ({args.before})", path))

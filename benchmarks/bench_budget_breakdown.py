@@ -1,0 +1,150 @@
+"""Where a budget plan's extra step time goes: its saved-tensor rows against the rest.
+
+Plans a zoo family (bench size) at one budget, then times, interleaved round by round
+on the same inputs, the plain model and the plan split into parts:
+
+* ``plan``: the plan as made;
+* ``saved rows only``: only its saved-tensor-grain modules (drops and packs);
+* ``saved rows, hooks only``: those modules' saved-tensor hooks with no position
+  planned (every saved tensor kept: what the hooks alone cost);
+* ``saved rows, packs only``: only the packed dropout masks, nothing dropped;
+* ``other rows only``: the whole-module and selective rows without the saved ones.
+
+Each variant's extra time is the median over the rounds of its step less the plain
+step of the same round, set against the plan's own estimate for those rows, which is
+how far the planner's estimate is from what the step pays, and for which grain.
+
+Usage: python benchmarks/bench_budget_breakdown.py --model bert,whisper [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+from dataclasses import replace
+from typing import Any
+
+import _zoo
+import torch
+from _report import print_table, write_results
+from bench_budget import step
+
+import accel
+from checkpointing import CheckpointPlan, plan_checkpointing
+
+SAVED = "recompute saved"
+PACK = "pack"
+
+
+def _only(plan: CheckpointPlan, saved: bool) -> CheckpointPlan:
+    """The plan with only its saved-grain rows (``saved``) or only the others."""
+    keep = {n for n, d in plan.decisions.items() if (d == SAVED) == saved}
+    return replace(
+        plan,
+        decisions={n: d for n, d in plan.decisions.items() if n in keep},
+        saved_plans={n: p for n, p in plan.saved_plans.items() if n in keep},
+        kept_calls={n: c for n, c in plan.kept_calls.items() if n in keep},
+    )
+
+
+def _positions(plan: CheckpointPlan, actions: tuple[str, ...]) -> CheckpointPlan:
+    """The saved-grain plans with only the positions whose action is in ``actions``."""
+    return replace(
+        plan,
+        saved_plans={
+            name: replace(p, positions={k: v for k, v in p.positions.items() if v[0] in actions})
+            for name, p in plan.saved_plans.items()
+        },
+    )
+
+
+def breakdown(family: str, budget: float, rounds: int) -> dict[str, Any]:
+    """Time the plan's parts against the plain step (see the module docstring)."""
+    backend = accel.get_backend()
+    case = _zoo.build(family, "bench")
+    plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, budget)
+    saved = _only(plan, saved=True)
+    variants: dict[str, CheckpointPlan | None] = {
+        "plain": None,
+        "plan": plan,
+        "saved rows only": saved,
+        "saved rows, hooks only": _positions(saved, ()),
+        "saved rows, packs only": _positions(saved, (PACK,)),
+        "other rows only": _only(plan, saved=False),
+    }
+    models = {}
+    for label, variant in variants.items():
+        model = copy.deepcopy(case.model)
+        if variant is not None:
+            variant.apply(model)
+        step(case, model, backend)  # warm-up
+        models[label] = model
+    times: dict[str, list[float]] = {label: [] for label in models}
+    labels = list(models)
+    for index in range(rounds):
+        shift = index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            times[label].append(step(case, models[label], backend))
+    estimated = {
+        "saved rows": sum(r.recompute_seconds for r in plan.rows if r.decision == SAVED),
+        "other rows": sum(
+            r.recompute_seconds for r in plan.rows if r.decision not in (SAVED, "keep")
+        ),
+    }
+    return {
+        "family": family,
+        "budget": budget,
+        "plain_step_seconds": statistics.median(times["plain"]),
+        "estimated_step_time_ratio": plan.estimated_step_time_ratio,
+        "estimated_recompute_seconds": estimated,
+        "extra_seconds": {
+            label: statistics.median(a - b for a, b in zip(v, times["plain"], strict=True))
+            for label, v in times.items()
+        },
+        "plan": str(plan),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="bert,whisper", help="zoo families")
+    parser.add_argument("--budget", type=float, default=0.5, help="memory budget (0.5)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved timed rounds")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    found = [breakdown(f, args.budget, args.rounds) for f in args.model.split(",")]
+    rows = []
+    for result in found:
+        estimate = result["estimated_recompute_seconds"]
+        for label, extra in result["extra_seconds"].items():
+            if label == "plain":
+                continue
+            guess = {"saved rows only": estimate["saved rows"]}.get(label)
+            guess = estimate["other rows"] if label == "other rows only" else guess
+            rows.append(
+                (
+                    result["family"],
+                    label,
+                    f"{extra * 1e3:.1f} ms",
+                    "" if guess is None else f"{guess * 1e3:.1f} ms",
+                    f"{1 + extra / result['plain_step_seconds']:.2f}x",
+                )
+            )
+    print_table(("model", "variant", "extra step time", "estimated", "step ratio"), rows)
+    out = write_results(
+        "budget-breakdown",
+        accel.get_backend().name,
+        {
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "torch_version": torch.__version__,
+            "models": found,
+        },
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
