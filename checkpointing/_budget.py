@@ -44,7 +44,7 @@ from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._profile import StepProfile, profile_step
 from ._saved_grain import saved_plan
 from ._selective import unavailable_reason
-from ._timed import Rounds, plain_step_time, reference, separated, shortfall
+from ._timed import Rounds, plain_step_time, reference, separated, shortfall, steady
 from ._timings import REPEATS
 
 __all__ = ["plan_checkpointing"]
@@ -163,7 +163,7 @@ def plan_checkpointing(
         functools.cache(lambda geometry: pack_seconds(geometry, device, backend)),
     )
     overhead = selective_overhead(backend) if selective else (0.0, 0.0)
-    options = priced(unpriced, overhead)
+    options, set_aside = steady(profile, priced(unpriced, overhead))
     knapsack, chosen = _choose(profile, budget, options, memory_budget)
     base = reference(profile, options)
     timed = any(option.policy_calls for option in chosen.values())
@@ -184,7 +184,7 @@ def plan_checkpointing(
         if missing > 0:
             calls = sum(option.policy_calls for option in chosen.values())
             overhead = (overhead[0] + missing / calls, overhead[1])
-            options = priced(unpriced, overhead)
+            options, set_aside = steady(profile, priced(unpriced, overhead))
             knapsack, chosen = _choose(profile, budget, options, memory_budget)
     if selective:
         note = (
@@ -192,6 +192,11 @@ def plan_checkpointing(
             f"operator call, {overhead[1] * 1e6:.1f} us more per kept call"
             + (" (a first plan timed in place)." if timed else ".")
         )
+    if set_aside:
+        note = (
+            f"{note} {set_aside} options within the timing noise of checkpointing their "
+            "module whole were set aside."
+        ).strip()
     pool, best, target = _checked(model, example_inputs, backend, profile, budget, options, chosen)
     knapsack = Knapsack(profile, 0, options)
     plan = _plan(profile, knapsack, best.chosen, budget, note, pool, best, target)

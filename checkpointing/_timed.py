@@ -17,6 +17,7 @@ plain step plus one more forward of those modules, a forward the profile timed.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -25,9 +26,53 @@ from ._decisions import FULL
 from ._options import Option
 from ._profile import StepProfile
 
-__all__ = ["MARGIN", "Rounds", "plain_step_time", "reference", "separated", "shortfall"]
+__all__ = [
+    "MARGIN",
+    "TIE",
+    "Rounds",
+    "plain_step_time",
+    "reference",
+    "separated",
+    "shortfall",
+    "steady",
+]
 
 MARGIN = 0.05  # a measured plan must be this much faster in every round to overrule
+TIE = 3.0  # noise widths an option must beat checkpointing its module whole by
+
+
+def steady(
+    profile: StepProfile, options: dict[str, list[Option]]
+) -> tuple[dict[str, list[Option]], int]:
+    """Set aside the options the timing cannot tell from checkpointing their module whole.
+
+    An option that saves no more bytes than checkpointing the module whole, and whose
+    estimated recompute is not faster than the whole module's by :data:`TIE` times the
+    noise of the module's summed operator times, is dropped: the whole module saves at
+    least as much and, as far as the timing can tell, costs as much, and it is the same
+    choice in every planning. The module's noise is the profile's per-call noise scaled
+    by ``sqrt(sum(t**2)) / sum(t)`` over its calls (independent noise on many calls
+    partly cancels). Without a measured noise (a lazy backend) nothing is dropped.
+
+    Returns:
+        The options left, and how many were set aside.
+    """
+    if profile.noise <= 0:
+        return options, 0
+    kept: dict[str, list[Option]] = {}
+    for name, found in options.items():
+        times = [call.seconds for call in profile.modules[name].ops if call.seconds > 0]
+        total = sum(times)
+        full = next(o for o in found if o.decision == FULL)
+        spread = profile.noise * math.sqrt(sum(t * t for t in times)) / total if total else 0.0
+        kept[name] = [
+            o
+            for o in found
+            if o is full
+            or o.saved_bytes > full.saved_bytes
+            or o.seconds < full.seconds * (1 - TIE * spread)
+        ]
+    return kept, sum(len(found) - len(kept[name]) for name, found in options.items())
 
 
 def reference(profile: StepProfile, options: dict[str, list[Option]]) -> dict[str, Option]:

@@ -5,10 +5,8 @@ One forward's timing of an operator call is one sample of a noisy host. The prof
 the forward :data:`REPEATS` - 1 more times under a dispatch mode that only times each
 call, and gives every call the median of its samples. The spread of the samples over
 all calls gives the *noise*: the relative standard deviation of one such median,
-which the plan reports (``plan.considered``). Under a steady load, medians of three
-forwards let more of the zoo get the same plan in every planning
-(``benchmarks/bench_stability.py``); two options whose times differ by less than the
-noise can still trade places.
+which the plan reports (``plan.considered``) and :func:`._timed.steady` uses to set
+aside options the timing cannot tell from checkpointing their module whole.
 """
 
 from __future__ import annotations
