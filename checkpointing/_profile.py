@@ -41,7 +41,7 @@ from . import _clock
 from ._replay import Geometry, Ref, replayable, template_of
 from ._selective import is_saved_operator, written_tensors
 from ._steps import call_model, dropping_saved, require_grad, tensors_of, timed_forward, untouched
-from ._timings import repeated
+from ._timings import repeated, timed_call
 
 __all__ = ["ModuleProfile", "OpCall", "StepProfile", "profile_step"]
 
@@ -134,7 +134,7 @@ class _Recorder(TorchDispatchMode):
         self.storage_bytes: dict[int, int] = {}
         self.stack: list[ModuleProfile] = []
         self.occurrences: Counter[tuple[str, str]] = Counter()  # (module, operator) calls
-        self.operator_time = 0.0
+        self.operator_time = 0.0  # the calls' medians, summed (:meth:`time_again`)
         self.per_operator = backend.is_asynchronous and not backend.is_lazy
         self.shaped_by_data: set[int] = set()  # storages created downstream of routing
         self.created: set[int] = set()  # storages an operator of the forward created
@@ -170,14 +170,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         arguments = tensors_of((args, kwargs))
-        if self.per_operator:
-            self.backend.synchronize()
-        start = _clock.now()
-        out = func(*args, **kwargs)
-        if self.per_operator:
-            self.backend.synchronize()
-        elapsed = _clock.now() - start
-        self.operator_time += elapsed
+        out, elapsed = timed_call(func, args, kwargs, self.backend, self.per_operator)
         inputs = {t.untyped_storage().data_ptr() for t in arguments}
         outputs = tuple(
             None if t.untyped_storage().data_ptr() in inputs else self.identify(t, new=True)
@@ -222,7 +215,6 @@ class _Recorder(TorchDispatchMode):
             if kept:
                 module.cached.update(fresh)
             else:
-                module.recomputed_time += elapsed
                 module.recomputed_bytes += written
             # Every module, leaves included: a leaf that does its own work (an LSTM, a
             # user's childless layer) is a candidate at the operator grains too.

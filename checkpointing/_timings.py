@@ -24,7 +24,7 @@ from accel import Accelerator
 from . import _clock
 from ._steps import call_model, dropping_saved
 
-__all__ = ["REPEATS", "repeated"]
+__all__ = ["REPEATS", "noise_of", "repeated", "timed_call"]
 
 REPEATS = 3  # forwards whose timings each call's median is taken over
 # The median of a sample variance over its expectation, for REPEATS - 1 = 2 degrees of
@@ -32,6 +32,19 @@ REPEATS = 3  # forwards whose timings each call's median is taken over
 _MEDIAN_VARIANCE = math.log(2)
 # A median of n samples varies sqrt(pi / 2) times as much as their mean.
 _MEDIAN_EFFICIENCY = math.sqrt(math.pi / 2)
+
+
+def timed_call(
+    func: Any, args: Any, kwargs: dict[str, Any], backend: Accelerator, synchronize: bool
+) -> tuple[Any, float]:
+    """``func(*args, **kwargs)`` and its seconds (synchronized around on an async device)."""
+    if synchronize:
+        backend.synchronize()
+    start = _clock.now()
+    out = func(*args, **kwargs)
+    if synchronize:
+        backend.synchronize()
+    return out, _clock.now() - start
 
 
 class _OperatorTimer(TorchDispatchMode):
@@ -45,13 +58,8 @@ class _OperatorTimer(TorchDispatchMode):
         self.seconds: list[float] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self.synchronize:
-            self.backend.synchronize()
-        start = _clock.now()
-        out = func(*args, **(kwargs or {}))
-        if self.synchronize:
-            self.backend.synchronize()
-        self.seconds.append(_clock.now() - start)
+        out, seconds = timed_call(func, args, kwargs or {}, self.backend, self.synchronize)
+        self.seconds.append(seconds)
         self.names.append(str(func))
         return out
 
