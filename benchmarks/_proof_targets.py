@@ -48,11 +48,18 @@ def _leaves(targets: Any, prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
 
 
 def _describe(target: dict[str, Any]) -> str:
-    value, wanted = target.get("value"), target.get("target")
-    shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-    return f"value {shown}, wanted {wanted}" + (
-        f" ({target['note']})" if target.get("note") else ""
-    )
+    """The measured figure (``value``, else ``ratio``, else the other fields) and the target."""
+    wanted = target.get("target")
+    if "value" in target or "ratio" in target:
+        value = target.get("value", target.get("ratio"))
+        shown = f"value {value:.3f}" if isinstance(value, float) else f"value {value}"
+    else:
+        shown = ", ".join(
+            f"{key} {figure}"
+            for key, figure in target.items()
+            if key not in ("met", "target", "note")
+        )
+    return f"{shown}, wanted {wanted}" + (f" ({target['note']})" if target.get("note") else "")
 
 
 def verdicts(files: list[Path], *, without_fairscale: bool = False) -> list[Verdict]:

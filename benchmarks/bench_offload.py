@@ -188,6 +188,16 @@ def limit_device_memory(backend: Accelerator, budget: int) -> None:
         raise SystemExit(f"no memory cap known for {backend.device_type!r}; add one here")
 
 
+def allocator_retries(backend: Accelerator) -> int | None:
+    """How often the allocator had to free its cache and retry (vendor-specific).
+
+    Each retry waits for the device, so retries during our steps mean lost overlap.
+    """
+    if backend.device_type == "cuda":
+        return int(torch.cuda.memory_stats(backend.device()).get("num_alloc_retries", 0))
+    return None
+
+
 def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
     device = backend.device()
     if backend.device_type == "cuda":
@@ -243,9 +253,13 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         model.zero_grad(set_to_none=True)
 
     backend.reset_peak_memory_stats()
+    retries_before = allocator_retries(backend)
     results["offload.OffloadModel"] = timed_steps(backend, ours_step, args.steps)
     del ours_step
     peak = backend.max_memory_allocated()
+    retries = allocator_retries(backend)
+    if retries is not None and retries_before is not None:
+        retries -= retries_before
     del ours
     host_cache = release_memory(backend)
 
@@ -277,7 +291,8 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         f"{model_bytes / 2**30:.1f} GiB of float32 parameters; device budget "
         f"{args.budget_gib} GiB ({model_bytes / budget:.1f}x smaller than the model); "
         f"{slices} slices, {micro} micro-batches, checkpointed; {tokens} tokens per step; "
-        f"peak device memory {peak / 2**30:.2f} GiB\n"
+        f"peak device memory {peak / 2**30:.2f} GiB; allocator retries during our steps: "
+        f"{retries}\n"
     )
     print_table(("variant", "median step (fwd+bwd)", "throughput"), rows)
     summary = [
@@ -318,6 +333,7 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         "median_step_s": medians,
         "step_times_s": results,
         "peak_device_bytes": peak,
+        "allocator_retries_during_ours": retries,
         "fairscale": fairscale,
         "host_cache_release": host_cache,
         "transfer_time_s": transfer,

@@ -3,8 +3,9 @@
 On such a device (PyTorch/XLA's) torch refuses to point a host parameter's ``.data`` at a
 device tensor, so offload loads parameters as differentiable copies
 (:mod:`offload._copies`). These tests run on every selected backend through the pytest
-plugin: on ``xla`` the path is the device's own; on a backend that can swap ``.data``
-(cpu) it is forced, so the path is tested, bit-exact, in every CI cell. The reference is
+plugin: on ``xla`` and ``openreg`` the path is the device's own; on a backend that can
+swap ``.data`` (cpu, cuda) it is forced, so the path is tested, bit-exact on the host, in
+every CI cell and on a GPU. The reference is
 always the plain model on the same device, with dropout drawn from the same seed.
 """
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+import offload._copies
 import offload._model
 import offload._params
 import offload._transfer
@@ -37,7 +39,7 @@ from offload._copied_params import CopiedOffload
 @pytest.fixture
 def backend(accel_backend: Accelerator, monkeypatch: pytest.MonkeyPatch) -> Accelerator:
     """The backend under test, with offload on its copying path."""
-    if accel_backend.device_type == "cpu":
+    if offload._copies.swaps_data(accel_backend.device()):
         monkeypatch.setattr(offload._transfer, "copies_needed", lambda device, home: True)
         for module in (offload._model, offload._params):
             monkeypatch.setattr(module, "swaps_data", lambda device: False)
