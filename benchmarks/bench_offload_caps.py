@@ -26,33 +26,21 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from _report import print_table, write_results
-from bench_offload import make_model
+from bench_offload import make_model, timed_steps
 from torch.utils.checkpoint import checkpoint
 
 import accel
+from accel import Accelerator
 from offload import OffloadModel
 
 
 def _sync() -> None:
     torch.cuda.synchronize()
-
-
-def _median_time(step: Callable[[], None], steps: int) -> float:
-    step()
-    times = []
-    for _ in range(steps):
-        _sync()
-        start = time.perf_counter()
-        step()
-        _sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _union(spans: list[tuple[float, float]]) -> float:
@@ -99,11 +87,11 @@ def trace_figures(trace: dict[str, Any]) -> dict[str, float]:
 
 
 def _in_device(
-    reference: torch.nn.Module, x: torch.Tensor, device: torch.device, micro: int, steps: int
+    backend: Accelerator, reference: torch.nn.Module, x: torch.Tensor, micro: int, steps: int
 ) -> dict[str, float]:
     """The in-device step, plain and with every block checkpointed over micro-batches."""
-    model = copy.deepcopy(reference).to(device)
-    inputs = x.to(device)
+    model = copy.deepcopy(reference).to(backend.device())
+    inputs = x.to(backend.device())
 
     def plain() -> None:
         model(inputs).square().mean().backward()
@@ -118,8 +106,8 @@ def _in_device(
         model.zero_grad(set_to_none=True)
 
     return {
-        "plain_s": _median_time(plain, steps),
-        "checkpointed_microbatches_s": _median_time(checkpointed, steps),
+        "plain_s": statistics.median(timed_steps(backend, plain, steps)),
+        "checkpointed_microbatches_s": statistics.median(timed_steps(backend, checkpointed, steps)),
     }
 
 
@@ -140,7 +128,7 @@ def main() -> None:
     reference = make_model(args.blocks, args.width, 4 * args.width)
     x = torch.randn(args.tokens, args.width, generator=torch.Generator().manual_seed(1))
 
-    compute = _in_device(reference, x, device, args.microbatches, args.steps)
+    compute = _in_device(backend, reference, x, args.microbatches, args.steps)
     gc.collect()
     _sync()
     torch.cuda.empty_cache()
