@@ -72,6 +72,24 @@ def _step_peak(model: nn.Module, x: torch.Tensor) -> int:
     return meter.peak_bytes
 
 
+def _one_block(model: _Stack, x: torch.Tensor) -> int:
+    """Bytes autograd saves for the first block's forward: one block's activations."""
+    with SavedTensorMeter(exclude=model.parameters()) as meter:
+        model.blocks[0](x)
+    return meter.bytes
+
+
+def _held(model: nn.Module, planned: nn.Module, x: torch.Tensor, plan: CheckpointPlan) -> int:
+    """The activation bytes ``planned`` keeps, as the planner measures them."""
+    with LiveActivationMeter(exclude=[*planned.parameters(), *planned.buffers()]) as live:
+        out = planned(x)
+    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as plain_live:
+        plain_out = model(x)
+    held = live.bytes - plain_live.bytes + plan.plain_bytes  # counted while both live
+    del out, plain_out
+    return held
+
+
 def _plan_with_race(
     monkeypatch: pytest.MonkeyPatch, model: nn.Module, x: torch.Tensor, whole_blocks_win: bool
 ) -> CheckpointPlan:
@@ -105,9 +123,7 @@ def test_planning_peak_stays_within_the_plan_and_below_the_plain_step(
 ) -> None:
     model, x = _stack()
     plain_peak = _step_peak(model, x)
-    with SavedTensorMeter(exclude=model.parameters()) as block_meter:
-        model.blocks[0](x)
-    one_block = block_meter.bytes
+    one_block = _one_block(model, x)
     with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
         plan = _plan_with_race(monkeypatch, model, x, whole_blocks_win)
     planning_peak = meter.peak_bytes
@@ -116,13 +132,8 @@ def test_planning_peak_stays_within_the_plan_and_below_the_plain_step(
     planned = copy.deepcopy(model)
     plan.apply(planned)
     # The plan made this way still fits the full batch's budget, measured.
-    with LiveActivationMeter(exclude=[*planned.parameters(), *planned.buffers()]) as live:
-        out = planned(x)
-    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as plain_live:
-        plain_out = model(x)
-    held = live.bytes - plain_live.bytes + plan.plain_bytes  # as the planner measures it
+    held = _held(model, planned, x, plan)
     assert held <= 0.52 * plan.plain_bytes
-    del out, plain_out
     cap = _step_peak(planned, x) + one_block + max(0, plan.budget_bytes - held)
     assert cap < plain_peak, "the cap must sit below the plain step's peak to mean anything"
     assert planning_peak <= cap, (planning_peak, cap, plain_peak)
@@ -148,21 +159,14 @@ def test_planning_fits_under_a_cuda_memory_cap_the_plain_step_exceeds() -> None:
     torch.manual_seed(0)
     model = _Stack(blocks=10, width=256).cuda().train()
     x = torch.randn(4, 2048, 256, device="cuda")
-    with SavedTensorMeter(exclude=model.parameters()) as block_meter:
-        model.blocks[0](x)
-    one_block = block_meter.bytes
+    one_block = _one_block(model, x)
     plain_peak = _cuda_step_peak(model, x)
     # The cap: the plan's own step plus the stated margin, as on the host. The plan is
     # made once without a cap to measure that step (planning leaves the model as it was).
     first = plan_checkpointing(model, (x,), 0.5, backend=backend)
     planned = copy.deepcopy(model)
     first.apply(planned, backend=backend)
-    with LiveActivationMeter(exclude=[*planned.parameters(), *planned.buffers()]) as live:
-        out = planned(x)
-    with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as plain_live:
-        plain_out = model(x)
-    held = live.bytes - plain_live.bytes + first.plain_bytes
-    del out, plain_out
+    held = _held(model, planned, x, first)
     cap = _cuda_step_peak(planned, x) + one_block + max(0, first.budget_bytes - held)
     del planned
     assert cap < plain_peak, (cap, plain_peak, "the cap must sit below the plain step's peak")

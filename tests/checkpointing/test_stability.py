@@ -12,7 +12,7 @@ and later); each operator's time is a median over three profiled forwards, and o
 the timing cannot tell from checkpointing their module whole are set aside. It does not
 yet hold everywhere: BERT and Llama took two or three plans in 6 seeds on torch 2.4.1,
 and with a load that jumps between 1x and 3x within a forward most families took two
-to six (docs/memory-budget-planning.md gives the counts); issue 29 stays open for that.
+to six (docs/memory-budget-planning.md gives the counts and what was tried).
 """
 
 from __future__ import annotations
