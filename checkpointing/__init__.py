@@ -22,8 +22,10 @@ Public names:
   submodules in place, optionally keeping their inputs in host memory
   (``offload_to_cpu``);
 * :func:`plan_checkpointing` and :class:`CheckpointPlan`: the fastest checkpointing
-  that fits a memory budget (also ``apply_activation_checkpointing(model,
-  memory_budget=0.5, example_inputs=(x,))``);
+  that fits a memory budget, decided from shapes and a cost model (also
+  ``apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=(x,))``);
+  a plan saves to JSON and loads back; :class:`DeviceRates`, :func:`default_rates`
+  and :func:`calibrate_rates`: the cost model's inputs (:mod:`checkpointing.planner`);
 * :func:`is_recomputing`: whether this thread is re-running a checkpointed function;
 * :class:`CheckpointError`: a recomputation that does not match its forward (torch's
   ``torch.utils.checkpoint.CheckpointError``, re-exported);
@@ -39,14 +41,19 @@ from __future__ import annotations
 import torch.utils.checkpoint
 
 from ._apply import apply_activation_checkpointing
-from ._budget import plan_checkpointing
 from ._checkpoint import checkpoint
 from ._errors import CheckpointError
 from ._measure import LiveActivationMeter, SavedTensorMeter
-from ._plan import CheckpointPlan
 from ._sequential import checkpoint_sequential
 from ._state import is_recomputing
 from ._wrapper import CheckpointWrapper, checkpoint_wrapper
+from .planner import (
+    CheckpointPlan,
+    DeviceRates,
+    calibrate_rates,
+    default_rates,
+    plan_checkpointing,
+)
 
 # torch's own global switches: the non-reentrant variant runs torch's checkpoint.
 set_checkpoint_debug_enabled = torch.utils.checkpoint.set_checkpoint_debug_enabled
@@ -67,12 +74,15 @@ __all__ = [
     "CheckpointError",
     "CheckpointPlan",
     "CheckpointWrapper",
+    "DeviceRates",
     "LiveActivationMeter",
     "SavedTensorMeter",
     "apply_activation_checkpointing",
+    "calibrate_rates",
     "checkpoint",
     "checkpoint_sequential",
     "checkpoint_wrapper",
+    "default_rates",
     "is_recomputing",
     "plan_checkpointing",
     "set_checkpoint_debug_enabled",

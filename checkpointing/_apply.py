@@ -2,7 +2,7 @@
 
 The entry point most users call. With ``check_fn`` (or nothing) it wraps submodules
 with :func:`checkpointing.checkpoint_wrapper` (:mod:`._wrapper`); with
-``memory_budget`` it asks the planner (:mod:`._budget`) for a
+``memory_budget`` it asks the planner (:mod:`.planner`) for a
 :class:`checkpointing.CheckpointPlan` and applies it (:mod:`._plan`). Either way a
 transformers KV cache is switched off first (:mod:`._caches`).
 """
@@ -17,7 +17,7 @@ from torch import nn
 from accel import Accelerator
 
 from ._args import resolve_backend, validate_budget
-from ._budget import plan_checkpointing
+from .planner import plan_checkpointing
 from ._caches import switch_off_kv_cache
 from ._wrapper import CheckpointWrapper, checkpoint_wrapper
 

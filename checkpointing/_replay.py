@@ -21,7 +21,26 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-__all__ = ["Geometry", "Ref", "counted", "operator_label", "replayable", "resolve", "template_of"]
+__all__ = [
+    "Geometry",
+    "Ref",
+    "counted",
+    "operator_label",
+    "replayable",
+    "resolve",
+    "storage_key",
+    "template_of",
+]
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """An identity for ``tensor``'s storage, shared by its views, on any device.
+
+    The address of torch's storage object, not of its bytes: fake tensors, a lazy
+    device's tensors and meta tensors have storages but no data pointer. It is unique
+    while the storage is alive and may be reused after it is freed.
+    """
+    return int(tensor.untyped_storage()._cdata)
 
 
 @dataclass(frozen=True)

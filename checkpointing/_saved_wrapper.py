@@ -1,4 +1,4 @@
-"""``SavedTensorWrapper``: carries out a :class:`._saved_grain.SavedPlan` on one module.
+"""``SavedTensorWrapper``: carries out a :class:`._saved_plan.SavedPlan` on one module.
 
 Around the wrapped module's forward it installs saved-tensor hooks that count the
 tensors autograd saves. At a planned position the tensor must be the view the profile
@@ -34,8 +34,8 @@ from accel._compat import current_saved_tensors_hooks
 
 from ._errors import CheckpointError, plan_mismatch
 from ._packed import Packed
-from ._replay import Geometry, Ref, resolve
-from ._saved_grain import DROP, LEAF, PACK, SavedPlan
+from ._replay import Geometry, Ref, resolve, storage_key
+from ._saved_plan import DROP, LEAF, PACK, SavedPlan
 from ._state import ForwardState
 from ._steps import tensors_of as _tensors
 from ._wrapper import CheckpointWrapper
@@ -96,7 +96,7 @@ class _Run:
         geometry = self.plan.geometries[position]
         if not geometry.matches(tensor):
             raise self._mismatch(position, "has another shape, layout or dtype")
-        pointer = tensor.untyped_storage().data_ptr()
+        pointer = storage_key(tensor)
         if self.pointers.setdefault(index, pointer) != pointer:
             raise self._mismatch(position, "lives in another storage than planned")
         if action == LEAF:

@@ -32,6 +32,7 @@ from accel._compat import (
 
 from ._errors import CheckpointError, plan_mismatch
 from ._non_reentrant import ContextFn
+from ._replay import storage_key
 
 __all__ = [
     "SAVED_OPERATORS",
@@ -158,7 +159,7 @@ class _KeptCallsGuard(TorchDispatchMode):
         self.decision.kept = None
         out = func(*args, **kwargs)
         kept = bool(self.decision.kept)
-        written = {t.untyped_storage().data_ptr() for t in written_tensors(func, args, kwargs)}
+        written = {storage_key(t) for t in written_tensors(func, args, kwargs)}
         for pointer in written:
             if (pointer in self.kept_storages) != kept:
                 problem = (
@@ -174,7 +175,7 @@ class _KeptCallsGuard(TorchDispatchMode):
                 raise self._mismatch(func, "draws random numbers after a kept draw")
         if kept and not written:
             self.kept_storages.update(
-                t.untyped_storage().data_ptr()
+                storage_key(t)
                 for t in tree_leaves(out)
                 if isinstance(t, torch.Tensor)
             )

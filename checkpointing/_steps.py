@@ -1,4 +1,4 @@
-"""One training step of a model, as the planner runs it: call, backward, time, restore."""
+"""One training step of a model, as the planner and the saved-tensor grain run it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from torch.utils._pytree import tree_flatten
 
 from accel import Accelerator
 
-from . import _clock
 
 __all__ = [
     "backward",
@@ -20,8 +19,6 @@ __all__ = [
     "dropping_saved",
     "require_grad",
     "tensors_of",
-    "timed_forward",
-    "timed_step",
     "untouched",
 ]
 
@@ -107,29 +104,3 @@ def call_model(model: nn.Module, example_inputs: Any) -> Any:
     if isinstance(example_inputs, dict):
         return model(**example_inputs)
     return model(*example_inputs)
-
-
-def timed_forward(model: nn.Module, example_inputs: Any, backend: Accelerator) -> float:
-    """Seconds of one forward whose saved tensors are dropped (see :func:`dropping_saved`)."""
-    backend.synchronize()
-    start = _clock.now()
-    with dropping_saved():
-        output = call_model(model, example_inputs)
-    backend.mark_step()
-    backend.synchronize()
-    elapsed = _clock.now() - start
-    require_grad(output)
-    return elapsed
-
-
-def timed_step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> float:
-    """Seconds of one training step (forward and backward) of ``model`` as it is."""
-    backend.synchronize()
-    start = _clock.now()
-    output = call_model(model, example_inputs)
-    backend.mark_step()
-    backward(output)
-    del output
-    backend.mark_step()
-    backend.synchronize()
-    return _clock.now() - start

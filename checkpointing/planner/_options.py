@@ -1,15 +1,17 @@
 """The ways to checkpoint one module, and what each saves and costs.
 
-For every candidate module (one that runs once per step, does not receive one tensor
-as several arguments, and has submodules or saves activations itself: a leaf such as
+For every candidate module call (each call of a module called several times per step
+is a candidate of its own, named ``"name@k"``; a candidate has submodules or saves
+activations itself: a leaf such as
 ``nn.LSTM`` or a user's childless layer; the root where its own operators save
 activations, whole only; an RNN, whose layers are fused kernels, whole only too) the
 options are: one saved-tensor plan per
 prefix of its greedy drop and pack units (:mod:`._saved_grain`); the whole module (keep
 its inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
 :mod:`._selective`); and one selective checkpoint per prefix of the measured units
-(:mod:`._kept_ops`). Each option's bytes saved are exclusive to the module; its time is
-the recomputation's, to which :func:`priced` adds the selective policy's overhead.
+(:mod:`._kept_ops`). Each option's bytes saved are exclusive to the module call; its
+time is the cost model's estimate of the recomputation (:mod:`._cost`), with the
+selective policy's or the saved-tensor hooks' own overhead per call added.
 Modules that contain batch norm in training (running statistics) get no selective
 option: the recomputation gives such modules fresh buffers, a call the selective
 policy never saw in the forward. Modules that call an operator whose output shape or
@@ -20,17 +22,18 @@ and occurrences would not hold in another step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from accel._compat import selective_cache_allows_mutation
 
-from ._decisions import FULL, MEASURED, SAVED, SELECTIVE
+from .._decisions import FULL, MEASURED, SAVED, SELECTIVE
+from .._replay import counted
+from .._saved_plan import DROP, PACK
 from ._kept_ops import Unit, find_units, keep_options
 from ._profile import StepProfile
-from ._replay import Geometry, counted
-from ._saved_grain import DROP, PACK, SavedUnit, saved_summary, saved_units
+from ._saved_grain import SavedUnit, saved_summary, saved_units
 
 __all__ = [
     "Option",
@@ -38,7 +41,6 @@ __all__ = [
     "nothing_to_checkpoint",
     "own_work",
     "owned",
-    "priced",
     "storage_bytes",
 ]
 
@@ -59,20 +61,6 @@ class Option:
     saved_units: tuple[SavedUnit, ...] = ()  # a saved-tensor option's drops and packs
 
 
-def priced(
-    options: dict[str, list[Option]], overhead: tuple[float, float]
-) -> dict[str, list[Option]]:
-    """``options`` with the selective policy's ``overhead`` (per call, per kept call) added."""
-    per_call, per_kept = overhead
-    return {
-        name: [
-            replace(o, seconds=o.seconds + per_call * o.policy_calls + per_kept * o.kept_count)
-            for o in module_options
-        ]
-        for name, module_options in options.items()
-    }
-
-
 def storage_bytes(profile: StepProfile, indices: Iterable[int]) -> int:
     """The bytes of the distinct storages ``indices`` name in ``profile``."""
     return sum(profile.storage_bytes[index] for index in set(indices))
@@ -83,16 +71,17 @@ def _kept_summary(units: list[Unit]) -> str:
     return "ops kept: " + counted(unit.label for unit in units)
 
 
-def _options(
-    profile: StepProfile, name: str, selective: bool, price: Callable[[Geometry], float] | None
-) -> list[Option]:
-    """The ways to checkpoint module ``name``, with their exclusive savings.
+def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
+    """The ways to checkpoint module call ``name``, with their exclusive savings.
 
     A selective option's recompute time is the module's forward time, less the own
-    time of the operators it keeps; :func:`priced` adds the policy's overhead
-    (:mod:`._overhead`).
+    time of the operators it keeps, plus what its policy costs per operator call and
+    per kept call; a saved-tensor option's is its recipes' and packs' time plus its
+    hooks' per saved tensor (the rates' ``policy_*`` and ``hook_seconds``).
     """
     record = profile.modules[name]
+    rates = profile.rates
+    hooks = rates.hook_seconds * len(record.packs)
     mine = owned(profile, name)
 
     def option(decision: str, seconds: float, kept: frozenset[int], **more: Any) -> Option:
@@ -114,7 +103,7 @@ def _options(
     # Saved-tensor positions and operator occurrences are recorded once; where the data
     # decides shapes or how many calls run (routing), only grains without them remain.
     stable = not record.data_dependent
-    for prefix in saved_units(profile, name, price) if stable else []:
+    for prefix in saved_units(profile, name) if stable else []:
         dropped = {i for unit in prefix if unit.action == DROP for i in unit.storages}
         packed = {i for unit in prefix if unit.action == PACK for i in unit.storages}
         packed_bytes = sum(
@@ -126,7 +115,8 @@ def _options(
         # Every storage it saves and does not drop or pack stays, shared ones included
         # (a block's output, saved again by the next block, is freed only if both drop it).
         kept = frozenset(saves - dropped - packed) | read
-        base = option(SAVED, sum(unit.seconds for unit in prefix), kept, kind=saved_summary(prefix))
+        seconds = hooks + sum(unit.seconds for unit in prefix)
+        base = option(SAVED, seconds, kept, kind=saved_summary(prefix))
         options.append(
             replace(
                 base,
@@ -145,7 +135,9 @@ def _options(
     options.append(
         option(
             SELECTIVE,
-            record.recomputed_time,
+            record.recomputed_time
+            + rates.policy_call_seconds * calls
+            + rates.policy_kept_seconds * len(record.cached),
             inputs | record.cached,
             kind="ops: pointwise, dropout, norm",
             policy_calls=calls,
@@ -156,10 +148,13 @@ def _options(
     for numbers in keep_options(measured, profile.storage_bytes, record.inputs):
         chosen = [measured[number] for number in numbers]
         kept_calls = tuple(sorted(call for unit in chosen for call in unit.calls))
+        recompute = max(record.forward_time - sum(unit.seconds for unit in chosen), 0.0)
         options.append(
             option(
                 MEASURED,
-                max(record.forward_time - sum(unit.seconds for unit in chosen), 0.0),
+                recompute
+                + rates.policy_call_seconds * calls
+                + rates.policy_kept_seconds * len(kept_calls),
                 inputs.union(*(unit.storages for unit in chosen)),
                 kind=_kept_summary(chosen),
                 calls=kept_calls,
@@ -170,16 +165,10 @@ def _options(
     return options
 
 
-def candidates(
-    profile: StepProfile, selective: bool, price: Callable[[Geometry], float] | None = None
-) -> dict[str, list[Option]]:
-    """Every candidate module's options, before the policy's overhead.
-
-    ``price`` gives the measured seconds to pack and rebuild a dropout mask of a
-    geometry (:func:`._overhead.pack_seconds`); without it they are estimated.
-    """
+def candidates(profile: StepProfile, selective: bool) -> dict[str, list[Option]]:
+    """Every candidate module call's options."""
     return {
-        name: _options(profile, name, selective, price)
+        name: _options(profile, name, selective)
         for name in profile.modules
         if _is_candidate(profile, name)
     }
@@ -200,30 +189,23 @@ def own_work(profile: StepProfile) -> bool:
 
 
 def _is_candidate(profile: StepProfile, name: str) -> bool:
-    """Runs once per step, and is a block or saves activations.
+    """A module call that is a block or saves activations.
 
     A module with submodules is a candidate as before; a leaf (``nn.LSTM``, a user's
     childless layer) when it saves activations of its own; the root when its own
     operators (outside every submodule) save activations: checkpointed whole, it keeps
     only the model's inputs.
     """
-    record = profile.modules[name]
-    if record.calls != 1:
-        return False
     if not name:
         return own_work(profile)
+    record = profile.modules[name]
     return bool(record.children) or bool(owned(profile, name))
 
 
 def nothing_to_checkpoint(profile: StepProfile) -> str:
     """Why no module of the profiled model is a candidate: a sentence for the error."""
-    shared = sorted(n for n, r in profile.modules.items() if n and r.calls > 1)
-    causes = []
-    if shared:
-        causes.append(f"{len(shared)} run more than once per step ({', '.join(shared[:3])})")
-    causes.append("the others, and the model's own operators, save no activations")
     return (
         "no module of this model can be checkpointed, so no memory budget below 1.0 can "
-        f"be reached: of its submodules, {'; '.join(causes)}. Train it without a budget, "
-        "or call a shared module once per step (a copy for each place)."
+        "be reached: neither its submodules nor the model's own operators save "
+        "activations for backward. Train it without a budget."
     )

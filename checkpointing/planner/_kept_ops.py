@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from .._replay import operator_label
 from ._profile import OpCall
-from ._replay import operator_label
 
 __all__ = ["Unit", "find_units", "keep_options"]
 

@@ -26,30 +26,25 @@ option of the planner. :func:`saved_plan` turns the chosen prefix into a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from torch.utils._pytree import tree_leaves
 
+from .._replay import Geometry, Ref, counted, operator_label
+from .._saved_plan import DROP, LEAF, PACK, ReplayStep, SavedPlan
 from ._profile import ModuleProfile, OpCall, StepProfile
-from ._replay import Geometry, Ref, counted, operator_label
 
 __all__ = [
-    "DROP",
-    "LEAF",
-    "PACK",
-    "SavedPlan",
     "SavedUnit",
     "saved_plan",
     "saved_summary",
     "saved_units",
 ]
 
-DROP, PACK, LEAF = "drop", "pack", "leaf"
 _DEPTH = 8  # unsaved intermediates a recipe may recompute on its way to a saved tensor
-_REPLAY_SECONDS = 20e-6  # Python per replayed call (as_strided views, the call itself)
-_PACK_PASSES = 5  # passes over a mask (scale, check, flags; rebuild) when not measured
+_PACK_PASSES = 5  # passes over a mask: scale, check, flags; rebuild
 
 
 @dataclass
@@ -66,34 +61,6 @@ class SavedUnit:
     label: str = ""
 
 
-@dataclass(frozen=True)
-class SavedPlan:
-    """What one module's saved tensors become, by their position in its forward.
-
-    Attributes:
-        module: The module's qualified name, for messages.
-        positions: Pack position (the n-th tensor autograd saves in the module's
-            forward) to ``(action, storage)``; ``action`` is ``"drop"``, ``"pack"`` or
-            ``"leaf"`` (kept, and read by a recipe).
-        geometries: The view each planned position saves, checked in the forward.
-        recipes: Dropped storage to the calls that recompute it, in forward order.
-        inputs: Storage to its position among the module's flattened tensor inputs.
-        summary: What the plan drops and packs, for the plan's table.
-    """
-
-    module: str
-    positions: dict[int, tuple[str, int]]
-    geometries: dict[int, Geometry]
-    recipes: dict[int, tuple[OpCall, ...]]
-    inputs: dict[int, int]
-    summary: str = ""
-
-    @property
-    def state_prefix(self) -> str:
-        """What qualified parameter and buffer names start with inside the module."""
-        return f"{self.module}."
-
-
 def _refs(template: Any) -> Iterator[Ref]:
     return (leaf for leaf in tree_leaves(template) if isinstance(leaf, Ref))
 
@@ -104,7 +71,7 @@ class _Module:
     def __init__(self, profile: StepProfile, record: ModuleProfile) -> None:
         self.profile = profile
         self.record = record
-        self.prefix = f"{record.name}."
+        self.prefix = f"{record.module}."
         self.producer: dict[int, OpCall] = {}
         self.position: dict[int, int] = {}  # id of a call -> its place in the forward
         self.last_write: dict[int, int] = {}  # storage -> place of its last in-place write
@@ -178,7 +145,7 @@ class _Module:
             DROP,
             storages,
             sum(self.profile.storage_bytes[i] for i in storages),
-            sum(c.seconds + _REPLAY_SECONDS for c in calls),
+            sum(c.seconds + self.profile.rates.hook_seconds for c in calls),
             tuple(calls),
             frozenset(leaves),
             frozenset(inputs),
@@ -194,8 +161,10 @@ class _Module:
                 units[id(call)] = unit
         return list(units.values())
 
-    def pack_units(self, price: Callable[[Geometry], float] | None) -> list[SavedUnit]:
-        units = []
+    def pack_units(self) -> list[SavedUnit]:
+        units: list[SavedUnit] = []
+        if not self.profile.host_masks:
+            return units  # a device's dropout draws its mask in kernels of its own
         for index in sorted(self.owned):
             geometries = [g for i, g in self.record.packs if i == index]
             if not geometries or not geometries[0].dtype.is_floating_point:
@@ -205,28 +174,18 @@ class _Module:
                 continue
             itemsize = geometries[0].dtype.itemsize
             size = self.profile.storage_bytes[index]
-            if price is not None:
-                seconds = price(geometries[0])
-            else:
-                passes = [c.seconds for c in writers if not c.random] or [
-                    max(c.seconds for c in writers)
-                ]
-                seconds = _PACK_PASSES * min(passes)
+            rates = self.profile.rates
+            seconds = _PACK_PASSES * size / rates.memory_bytes + 2 * rates.hook_seconds
             units.append(
                 SavedUnit(PACK, frozenset({index}), size - size // itemsize, seconds, label="mask")
             )
         return units
 
 
-def saved_units(
-    profile: StepProfile, name: str, price: Callable[[Geometry], float] | None = None
-) -> list[list[SavedUnit]]:
-    """Greedy prefixes of module ``name``'s drop and pack units (see the module docstring).
-
-    ``price`` gives the measured seconds to pack and rebuild a mask of a geometry.
-    """
+def saved_units(profile: StepProfile, name: str) -> list[list[SavedUnit]]:
+    """Greedy prefixes of module ``name``'s drop and pack units (see the module docstring)."""
     module = _Module(profile, profile.modules[name])
-    units = module.drop_units() + module.pack_units(price)
+    units = module.drop_units() + module.pack_units()
     units.sort(key=lambda unit: unit.seconds / max(unit.saved_bytes, 1))
     chosen: list[SavedUnit] = []
     dropped: set[int] = set()
@@ -261,12 +220,15 @@ def saved_plan(profile: StepProfile, name: str, units: list[SavedUnit]) -> Saved
     record = profile.modules[name]
     module = _Module(profile, record)
     action: dict[int, str] = {}
-    recipes: dict[int, tuple[OpCall, ...]] = {}
+    recipes: dict[int, tuple[ReplayStep, ...]] = {}
     for unit in units:
         for index in unit.storages:
             action[index] = unit.action
             if unit.action == DROP:
-                recipes[index] = unit.steps
+                recipes[index] = tuple(
+                    ReplayStep(step.name, step.func, step.template, step.outputs)
+                    for step in unit.steps
+                )
         for index in unit.leaves:
             action.setdefault(index, LEAF)
     positions: dict[int, tuple[str, int]] = {}
@@ -283,7 +245,7 @@ def saved_plan(profile: StepProfile, name: str, units: list[SavedUnit]) -> Saved
         if ref.kind == "storage"
     }
     return SavedPlan(
-        module=name,
+        module=record.module,
         positions=positions,
         geometries=geometries,
         recipes=recipes,

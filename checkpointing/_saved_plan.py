@@ -1,0 +1,65 @@
+"""What the saved-tensor grain does to one module's saved tensors: a :class:`SavedPlan`.
+
+The planner (:mod:`checkpointing.planner`) decides it; :class:`._saved_wrapper.
+SavedTensorWrapper` carries it out. Each saved tensor is known by its position among
+the tensors the module's forward saves: it is *dropped* (recomputed in backward by
+running its recorded :class:`ReplayStep` calls again), *packed* (a host dropout mask
+stored as booleans, :mod:`._packed`) or kept as a *leaf* that a recipe reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._replay import Geometry
+
+__all__ = ["DROP", "LEAF", "PACK", "ReplayStep", "SavedPlan"]
+
+DROP, PACK, LEAF = "drop", "pack", "leaf"
+
+
+@dataclass(frozen=True)
+class ReplayStep:
+    """One recorded operator call a dropped tensor's recipe runs again.
+
+    Attributes:
+        name: The operator's name (``"aten.mul.Tensor"``).
+        func: The operator itself.
+        template: Its ``(args, kwargs)``, each tensor replaced by a :class:`._replay.Ref`.
+        outputs: For each tensor it returns, the storage it stands for (``None``: not
+            needed again).
+    """
+
+    name: str
+    func: Any
+    template: Any
+    outputs: tuple[int | None, ...]
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """What one module's saved tensors become, by their position in its forward.
+
+    Attributes:
+        module: The module's qualified name, for messages.
+        positions: Pack position (the n-th tensor autograd saves in the module's
+            forward) to ``(action, storage)``; ``action`` is ``"drop"``, ``"pack"`` or
+            ``"leaf"`` (kept, and read by a recipe).
+        geometries: The view each planned position saves, checked in the forward.
+        recipes: Dropped storage to the calls that recompute it, in forward order.
+        inputs: Storage to its position among the module's flattened tensor inputs.
+        summary: What the plan drops and packs, for the plan's table.
+    """
+
+    module: str
+    positions: dict[int, tuple[str, int]]
+    geometries: dict[int, Geometry]
+    recipes: dict[int, tuple[ReplayStep, ...]]
+    inputs: dict[int, int]
+    summary: str = ""
+
+    @property
+    def state_prefix(self) -> str:
+        """What qualified parameter and buffer names start with inside the module."""
+        return f"{self.module}."

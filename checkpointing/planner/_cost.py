@@ -1,0 +1,285 @@
+"""The planner's cost model: an operator call's seconds from what it computes and moves.
+
+The planner never times the model it plans. Each operator call of the profiled step
+(:mod:`._profile`, run on fake tensors) is priced from its shapes alone:
+
+* ``flops``: matrix products, attention and convolutions, counted by
+  ``torch.utils.flop_counter``'s formulas (an RNN layer's by its gate products);
+* ``bytes``: what the call reads and writes (its tensor arguments and new outputs);
+  a view or an alias moves nothing;
+* a fixed cost per call (dispatch and the Python around it).
+
+``seconds = max(flops / flop rate, bytes / byte rate) + call seconds``, with one flop
+rate per class (matmul, attention, convolution), one byte rate for random draws, a
+default byte rate for everything else, and a byte rate per operator where one is known
+(a layer norm or a GELU reads its bytes several times over). The rates are a
+:class:`DeviceRates`: the built-in table for the device type (:func:`builtin_rates`),
+rates calibrated on the device and cached (:mod:`._calibrate`), or the user's. They
+are inputs to the plan and recorded in it, so that the same model, shapes, dtypes,
+budget and rates give the same plan in every process, under any load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["DeviceRates", "builtin_rates", "operator_cost", "tensor_bytes"]
+
+_MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm"})
+_CONVOLUTION = frozenset({"convolution", "convolution_backward", "_convolution"})
+_RNN_LAYERS = frozenset({"mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell"})
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """What one device computes and moves per second: the cost model's inputs.
+
+    Attributes:
+        device_type: The device type the rates describe (``"cpu"``, ``"cuda"``...).
+        source: Where they come from: ``"built-in"``, ``"calibrated"`` (with when and
+            where) or ``"given"``.
+        matmul_flops: Floating-point operations per second of matrix products.
+        attention_flops: Of fused attention kernels.
+        convolution_flops: Of convolutions (forward and backward).
+        memory_bytes: Bytes read and written per second by an operator without a rate
+            of its own (pointwise operators, copies, reductions).
+        random_bytes: Bytes written per second by random draws (dropout's mask).
+        call_seconds: Fixed seconds per operator call: dispatch and the Python around it.
+        policy_call_seconds: What a selective checkpoint's policy adds per operator
+            call of its region (it runs in Python in the forward and again in the
+            recomputation).
+        policy_kept_seconds: What it adds per kept call (caching the output).
+        hook_seconds: What a saved-tensor hook adds per saved tensor (the saved-tensor
+            grain's hooks, in the forward and again in backward).
+        operator_bytes: Bytes per second for named operators (``"aten.gelu.default"``),
+            where one rate for all of them would be far off.
+    """
+
+    device_type: str
+    source: str
+    matmul_flops: float
+    attention_flops: float
+    convolution_flops: float
+    memory_bytes: float
+    random_bytes: float
+    call_seconds: float
+    policy_call_seconds: float
+    policy_kept_seconds: float
+    hook_seconds: float
+    operator_bytes: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, value in self._numbers():
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"checkpointing: DeviceRates.{name} is {value!r}; every rate must be a "
+                    "finite number of at least 0. Pass rates calibrated on the device "
+                    "(checkpointing.calibrate_rates) or the built-in ones."
+                )
+        for name in ("matmul_flops", "attention_flops", "convolution_flops", "memory_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(
+                    f"checkpointing: DeviceRates.{name} is 0; a rate per second must be "
+                    "positive. Pass rates calibrated on the device or the built-in ones."
+                )
+        object.__setattr__(self, "operator_bytes", dict(sorted(self.operator_bytes.items())))
+
+    def _numbers(self) -> list[tuple[str, Any]]:
+        numbers = [(k, v) for k, v in asdict(self).items() if k not in _TEXT_FIELDS]
+        numbers.remove(("operator_bytes", self.operator_bytes))
+        numbers += [(f"operator_bytes[{k!r}]", v) for k, v in self.operator_bytes.items()]
+        return numbers
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rates as plain JSON values (what a saved plan records)."""
+        values = asdict(self)
+        values["operator_bytes"] = dict(self.operator_bytes)
+        return values
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> DeviceRates:
+        """Rates from :meth:`to_dict`'s form.
+
+        Raises:
+            ValueError: If a field is missing or unknown.
+        """
+        names = set(cls.__dataclass_fields__)
+        missing, unknown = names - set(values), set(values) - names
+        if missing or unknown:
+            raise ValueError(
+                "checkpointing: these device rates do not match DeviceRates "
+                f"(missing: {sorted(missing) or 'none'}; unknown: {sorted(unknown) or 'none'}). "
+                "Pass the dictionary DeviceRates.to_dict() wrote."
+            )
+        return cls(**{**values, "operator_bytes": dict(values["operator_bytes"])})
+
+    def scaled(self, factor: float, source: str) -> DeviceRates:
+        """These rates with every per-second rate times ``factor`` (a faster device)."""
+        return replace(
+            self,
+            source=source,
+            matmul_flops=self.matmul_flops * factor,
+            attention_flops=self.attention_flops * factor,
+            convolution_flops=self.convolution_flops * factor,
+            memory_bytes=self.memory_bytes * factor,
+            random_bytes=self.random_bytes * factor,
+            operator_bytes={k: v * factor for k, v in self.operator_bytes.items()},
+        )
+
+
+_TEXT_FIELDS = frozenset({"device_type", "source"})
+
+# Calibrated on the project's CI host (x86-64, 2 cores, one intra-op thread, torch
+# 2.13.0) with :func:`checkpointing.calibrate_rates`; see docs/memory-budget-planning.md.
+_CPU = DeviceRates(
+    device_type="cpu",
+    source="built-in",
+    matmul_flops=11.0e9,
+    attention_flops=7.0e9,
+    convolution_flops=11.0e9,
+    memory_bytes=16.0e9,
+    random_bytes=0.19e9,
+    call_seconds=6e-6,
+    policy_call_seconds=25e-6,
+    policy_kept_seconds=10e-6,
+    hook_seconds=15e-6,
+    operator_bytes={
+        "aten.gelu.default": 3.6e9,
+        "aten.gelu_backward.default": 3.0e9,
+        "aten.native_layer_norm.default": 4.5e9,
+        "aten.native_layer_norm_backward.default": 3.0e9,
+        "aten._softmax.default": 4.2e9,
+        "aten._safe_softmax.default": 4.2e9,
+        "aten._softmax_backward_data.default": 6.0e9,
+        "aten.silu.default": 4.0e9,
+        "aten.tanh.default": 4.0e9,
+        "aten.sigmoid.default": 4.0e9,
+        "aten.native_batch_norm.default": 5.0e9,
+        "aten._native_batch_norm_legit_functional.default": 5.0e9,
+        "aten.native_batch_norm_backward.default": 4.0e9,
+        "aten.exp.default": 4.0e9,
+        "aten.rsqrt.default": 6.0e9,
+        "aten.pow.Tensor_Scalar": 8.0e9,
+        "aten.mean.dim": 16.0e9,
+    },
+)
+
+# An accelerator with a host of its own: rates of a current data-centre GPU (dense
+# fp32/tf32 products, HBM bandwidth) and the launch cost of an eager kernel. Plans are
+# decided by ratios of these, so the scale matters less than the proportions.
+_ACCELERATOR = DeviceRates(
+    device_type="accelerator",
+    source="built-in",
+    matmul_flops=200e12,
+    attention_flops=150e12,
+    convolution_flops=100e12,
+    memory_bytes=2.0e12,
+    random_bytes=1.0e12,
+    call_seconds=8e-6,
+    policy_call_seconds=25e-6,
+    policy_kept_seconds=10e-6,
+    hook_seconds=15e-6,
+)
+
+
+def builtin_rates(device_type: str) -> DeviceRates:
+    """The built-in rates for ``device_type``: the host's table, else an accelerator's.
+
+    Args:
+        device_type: A ``torch.device`` type (``"cpu"``, ``"cuda"``, ``"hpu"``...).
+
+    Returns:
+        The rates, with ``source="built-in"``.
+    """
+    if device_type == "cpu":
+        return _CPU
+    return replace(_ACCELERATOR, device_type=device_type)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a tensor's elements span (its view, not its whole storage)."""
+    return tensor.numel() * tensor.element_size()
+
+
+def _flop_registry() -> Mapping[Any, Any]:
+    from torch.utils.flop_counter import flop_registry
+
+    return flop_registry  # type: ignore[no-any-return]
+
+
+def _rnn_flops(args: tuple[Any, ...]) -> int:
+    """Gate products of one fused RNN layer: 2 x steps x batch x (input + hidden) x gates."""
+    tensors = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
+    if not tensors:
+        return 0
+    data = tensors[0]
+    weights = [t for t in tensors[1:] if t.dim() == 2]
+    rows = data.numel() // max(data.shape[-1], 1)
+    return 2 * rows * sum(w.numel() for w in weights)
+
+
+def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    short = func._overloadpacket.__name__
+    if short in _RNN_LAYERS:
+        return _rnn_flops(args)
+    counter = _flop_registry().get(func._overloadpacket)
+    if counter is None:
+        return 0
+    try:
+        return int(counter(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that does not know this overload's arguments
+        return 0
+
+
+def operator_cost(
+    func: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
+    fresh_bytes: int,
+    rates: DeviceRates,
+) -> float:
+    """Seconds one operator call takes on the device ``rates`` describe.
+
+    Args:
+        func: The ``torch._ops.OpOverload`` called.
+        args: Its positional arguments (real or fake tensors: only shapes are read).
+        kwargs: Its keyword arguments.
+        out: What it returned.
+        fresh_bytes: Bytes of the new storages it created (0 for a view or an alias).
+        rates: The device's rates.
+
+    Returns:
+        The estimated seconds.
+    """
+    short = func._overloadpacket.__name__
+    name = str(func)
+    flops = _flops(func, args, kwargs, out)
+    inputs = sum(tensor_bytes(t) for t in tree_flatten((args, kwargs))[0] if _is_tensor(t))
+    mutates = any(arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments)
+    if fresh_bytes == 0 and not mutates:
+        return rates.call_seconds  # a view, an alias, a metadata query: nothing moves
+    moved = inputs + fresh_bytes
+    if short in _MATMUL or short in _RNN_LAYERS:
+        compute = flops / rates.matmul_flops
+    elif "attention" in short:
+        compute = flops / rates.attention_flops
+    elif short in _CONVOLUTION:
+        compute = flops / rates.convolution_flops
+    else:
+        compute = 0.0
+    if torch.Tag.nondeterministic_seeded in func.tags and rates.random_bytes > 0:
+        transfer = max(fresh_bytes, inputs if mutates else 0) / rates.random_bytes
+    else:
+        transfer = moved / rates.operator_bytes.get(name, rates.memory_bytes)
+    return max(compute, transfer) + rates.call_seconds
+
+
+def _is_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor)

@@ -1,0 +1,446 @@
+"""``CheckpointPlan``: which module calls to checkpoint, at which grain, and what it costs.
+
+A plan is data: it prints as a table, saves to a readable JSON file
+(:meth:`CheckpointPlan.save`, :meth:`CheckpointPlan.load`) and carries itself out on a
+model built the same way (:meth:`CheckpointPlan.apply`), which it checks first: the
+same modules and parameter shapes, and, where given, inputs of the same shapes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from accel import Accelerator
+
+from .._caches import switch_off_kv_cache
+from .._decisions import FULL, MEASURED, SAVED, SELECTIVE
+from .._per_call import PerCallWrapper, count_calls_per_forward
+from .._root import checkpoint_root, root_checkpointed
+from .._saved_plan import SavedPlan
+from .._saved_wrapper import SavedTensorWrapper
+from .._selective_wrapper import SelectiveCheckpointWrapper
+from .._wrapper import CheckpointWrapper, checkpoint_wrapper
+from ._cost import DeviceRates
+from ._profile import module_name
+from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan, signature
+
+__all__ = ["FORMAT", "CheckpointPlan", "ConsideredPlan", "PlanRow", "structure_of"]
+
+FORMAT = "accel.checkpoint-plan/1"
+
+
+def structure_of(model: nn.Module) -> tuple[str, ...]:
+    """What a plan checks a model against: each module's name and class, each
+    parameter's and buffer's name, shape and dtype, in definition order."""
+    lines = [f"{name or '(model)'}: {type(module).__qualname__}" for name, module in _plain(model)]
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        lines.append(f"{name}: {dtype}{list(tensor.shape)}")
+    return tuple(lines)
+
+
+def _plain(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Named modules with checkpoint wrappers looked through (their names kept plain)."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, CheckpointWrapper):
+            continue
+        found.append((name.replace("._checkpoint_wrapped_module", ""), module))
+    return found
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One line of a plan: a module and what the plan does with it."""
+
+    module: str
+    kind: str
+    decision: str
+    kept_bytes: int
+    recompute_seconds: float
+
+
+@dataclass(frozen=True)
+class ConsideredPlan:
+    """A whole-model plan the planner weighed (see :attr:`CheckpointPlan.considered`)."""
+
+    label: str
+    estimated_bytes: int
+    estimated_seconds: float  # recompute time, estimated
+    fits: bool  # estimated bytes within the budget
+    taken: bool
+    reason: str = ""  # why it was taken or not
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.2f} MiB"
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What :func:`plan_checkpointing` decided, and what it expects that to cost.
+
+    Printing a plan shows one row per module call considered (the activation bytes it
+    keeps under the decision, the estimated time to recompute it in backward, and the
+    decision) and the totals. A module called several times per step (a shared layer)
+    has one row per call, named ``"name@k"`` for its k-th call.
+
+    Attributes:
+        decisions: Module call to ``"checkpoint"`` (whole module), ``"recompute cheap
+            ops"`` (selective by operator class), ``"keep costly ops"`` (selective by
+            chosen calls) or ``"recompute saved"`` (saved-tensor grain), in visiting
+            order. A name is a module's qualified name, or ``"name@k"`` for the k-th call
+            of a module called several times per step.
+        rows: The table's rows.
+        plain_bytes: Activation bytes of the plain model (autograd-saved storages).
+        estimated_bytes: Activation bytes expected under the plan.
+        estimated_step_time_ratio: Expected step time over the plain step time.
+        budget_bytes: The budget the plan was made for, in bytes.
+        step_seconds: The plain step's estimated seconds (forward and backward), from
+            the cost model and ``rates``.
+        rates: The device rates the estimates come from (:class:`DeviceRates`).
+        structure: The planned model's modules and parameter shapes
+            (:func:`structure_of`), checked by :meth:`apply`.
+        inputs: The example inputs' shapes and dtypes, checked by :meth:`apply` when it
+            is given inputs.
+        calls: For each module called several times per step, how many times.
+        device_peak_bytes: The device's peak allocation while planning
+            (``max_memory_allocated``), above what was allocated before, or ``None``
+            where the backend keeps no memory statistics.
+        device_bytes: Memory planning left allocated on the device (0 unless
+            something leaked), or ``None`` where the backend keeps no statistics.
+        note: How the step was profiled where it was not on fake tensors, why a grain
+            was unavailable, or empty.
+        kept_calls: For each ``"keep costly ops"`` module call, the ``(operator,
+            occurrence)`` calls whose outputs it keeps.
+        saved_plans: For each ``"recompute saved"`` module call, what becomes of each
+            of its saved tensors.
+        considered: The whole-model plans weighed, and why each was or was not taken.
+    """
+
+    decisions: dict[str, str]
+    rows: tuple[PlanRow, ...]
+    plain_bytes: int
+    estimated_bytes: int
+    estimated_step_time_ratio: float
+    budget_bytes: int
+    step_seconds: float
+    rates: DeviceRates | None = None
+    structure: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    calls: dict[str, int] = field(default_factory=dict)
+    device_bytes: int | None = None
+    device_peak_bytes: int | None = None
+    note: str = ""
+    kept_calls: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    saved_plans: dict[str, SavedPlan] = field(default_factory=dict)
+    considered: tuple[ConsideredPlan, ...] = ()
+
+    def check(self, model: nn.Module, example_inputs: Any = None) -> None:
+        """Raise ``ValueError`` unless ``model`` (and ``example_inputs``) match the plan's.
+
+        Args:
+            model: The model the plan is to be applied to, not yet checkpointed.
+            example_inputs: Inputs of a training step (a tuple or a dict), or ``None``
+                to check the model alone.
+
+        Raises:
+            ValueError: Naming the first module, parameter or input that differs.
+        """
+        if self.structure:
+            found = structure_of(model)
+            if found != self.structure:
+                first = next(
+                    (
+                        (want, got)
+                        for want, got in zip(self.structure, found, strict=False)
+                        if want != got
+                    ),
+                    (
+                        self.structure[len(found)] if len(found) < len(self.structure) else "nothing",
+                        found[len(self.structure)] if len(found) > len(self.structure) else "nothing",
+                    ),
+                )
+                raise ValueError(
+                    "checkpointing: this model is not built like the one the plan was made "
+                    f"for: the plan has {first[0]!r} where the model has {first[1]!r}. "
+                    "Apply a plan to the model it was made for (or one built the same way), "
+                    "or make a new plan for this model."
+                )
+        if example_inputs is not None and self.inputs:
+            given = tuple(signature(example_inputs))
+            if given != self.inputs:
+                raise ValueError(
+                    "checkpointing: these inputs are not shaped like the ones the plan was "
+                    f"made for ({', '.join(given)} against {', '.join(self.inputs)}); its "
+                    "memory and time estimates hold for those shapes only. Make a new plan "
+                    "for these inputs."
+                )
+
+    def apply(
+        self,
+        model: nn.Module,
+        *,
+        example_inputs: Any = None,
+        preserve_rng_state: bool = True,
+        backend: Accelerator | None = None,
+    ) -> list[str]:
+        """Wrap, in place, the modules of ``model`` the plan checkpoints.
+
+        ``model`` is the planned model or one built the same way (the same modules and
+        parameter shapes: checked first, see :meth:`check`). The root (name ``""``,
+        decided where the model's own operators save activations) is checkpointed whole
+        by setting ``model.forward`` to a checkpoint around the class's forward; the
+        model stays the same object. A module with decisions per call is wrapped in a
+        :class:`PerCallWrapper`. A transformers ``config.use_cache`` that is ``True``
+        is set to ``False``, with a warning (recomputation would append to the KV cache
+        twice).
+
+        Args:
+            model: The model to checkpoint.
+            example_inputs: Optionally, inputs of a training step: refused unless shaped
+                like the planned ones.
+            preserve_rng_state: Replay the generator states in recomputation.
+            backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+
+        Returns:
+            The plan's decided names (module calls), in order.
+
+        Raises:
+            ValueError: If ``model`` or ``example_inputs`` differ from the planned ones,
+                ``model`` lacks a module the plan names, or it is already wrapped.
+        """
+        self.check(model, example_inputs)
+        grouped: dict[str, dict[int, str]] = {}
+        for name in self.decisions:
+            module, _, call = name.rpartition("@") if "@" in name else (name, "", "0")
+            grouped.setdefault(module, {})[int(call)] = name
+        targets: list[tuple[str, nn.Module, str, nn.Module]] = []
+        for module in grouped:
+            if not module:
+                self._check_root(model)
+                continue
+            targets.append((module, *self._target(model, module)))
+        switch_off_kv_cache(model)
+        if "" in self.decisions:
+            checkpoint_root(model, preserve_rng_state=preserve_rng_state, backend=backend)
+        for module, parent, leaf, child in targets:
+            names = grouped[module]
+            if module in self.calls:
+                variants = [
+                    self._wrapper(names[k], child, preserve_rng_state, backend)
+                    if k in names
+                    else None
+                    for k in range(self.calls[module])
+                ]
+                setattr(parent, leaf, PerCallWrapper(child, variants))
+                count_calls_per_forward(model)
+            else:
+                setattr(parent, leaf, self._wrapper(names[0], child, preserve_rng_state, backend))
+        return list(self.decisions)
+
+    def _target(self, model: nn.Module, module: str) -> tuple[nn.Module, str, nn.Module]:
+        parent_name, _, leaf = module.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name)
+            child = parent.get_submodule(leaf)
+        except AttributeError as error:
+            raise ValueError(
+                f"checkpointing: this plan checkpoints {module!r}, which the model does "
+                f"not have ({error}). Apply a plan to the model it was made for, or "
+                "to one built the same way."
+            ) from None
+        if isinstance(child, CheckpointWrapper):
+            raise ValueError(
+                f"checkpointing: {module!r} is already checkpointed; apply a plan to a "
+                "model without checkpoint wrappers."
+            )
+        for name, decision in self.decisions.items():
+            if module_name(name) != module:
+                continue
+            if decision == MEASURED and name not in self.kept_calls:
+                raise ValueError(
+                    f"checkpointing: this plan keeps chosen operator calls in {name!r} "
+                    "but names none in kept_calls. Use a plan made by plan_checkpointing, "
+                    "or give kept_calls an entry for every 'keep costly ops' module."
+                )
+            if decision == SAVED and name not in self.saved_plans:
+                raise ValueError(
+                    f"checkpointing: this plan recomputes saved tensors of {name!r} but "
+                    "has no saved plan for it. Use a plan made by plan_checkpointing, or "
+                    "give saved_plans an entry for every 'recompute saved' module."
+                )
+        return parent, leaf, child
+
+    def _wrapper(
+        self,
+        name: str,
+        child: nn.Module,
+        preserve_rng_state: bool,
+        backend: Accelerator | None,
+    ) -> nn.Module:
+        decision = self.decisions[name]
+        if decision == SAVED:
+            return SavedTensorWrapper(child, self.saved_plans[name], backend=backend)
+        if decision in (SELECTIVE, MEASURED):
+            return SelectiveCheckpointWrapper(
+                child,
+                preserve_rng_state=preserve_rng_state,
+                backend=backend,
+                kept_calls=self.kept_calls[name] if decision == MEASURED else None,
+                name=name,
+            )
+        return checkpoint_wrapper(child, preserve_rng_state=preserve_rng_state, backend=backend)
+
+    def _check_root(self, model: nn.Module) -> None:
+        """Raise ``ValueError`` unless the root's decision can be carried out on ``model``."""
+        if self.decisions[""] != FULL:
+            raise ValueError(
+                f"checkpointing: this plan says {self.decisions['']!r} for the model itself "
+                "(the root module, named ''); the root can only be checkpointed whole "
+                "('checkpoint'). Use a plan made by plan_checkpointing."
+            )
+        if root_checkpointed(model):
+            raise ValueError(
+                "checkpointing: the model itself is already checkpointed whole; apply a "
+                "plan to a model without checkpoint wrappers."
+            )
+
+    def __str__(self) -> str:
+        header = ("module", "grain", "activations kept", "recompute", "decision")
+        lines = [
+            (
+                row.module or "(the model)",
+                row.kind,
+                _mib(row.kept_bytes),
+                f"{row.recompute_seconds * 1e3:.2f} ms",
+                row.decision,
+            )
+            for row in self.rows
+        ]
+        widths = [max(len(cell) for cell in column) for column in zip(header, *lines, strict=True)]
+        rendered = [
+            "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+            for line in (header, tuple("-" * width for width in widths), *lines)
+        ]
+        fraction = self.estimated_bytes / max(self.plain_bytes, 1)
+        rendered.append(
+            f"activations: {_mib(self.estimated_bytes)} of {_mib(self.plain_bytes)} plain "
+            f"({fraction:.2f}x; budget {_mib(self.budget_bytes)}); step time "
+            f"{self.estimated_step_time_ratio:.2f}x the plain step's, estimated at "
+            f"{self.step_seconds * 1e3:.1f} ms"
+            + ("" if self.rates is None else f" ({self.rates.source} {self.rates.device_type} rates)")
+        )
+        if self.device_bytes is not None:
+            peak = _mib(self.device_peak_bytes or 0)
+            rendered.append(
+                f"device memory while planning (the device's statistics): peak {peak} "
+                f"above what was allocated before, {_mib(self.device_bytes)} left after"
+            )
+        if self.note:
+            rendered.append(self.note)
+        return "\n".join(rendered)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON values (what :meth:`save` writes)."""
+        return {
+            "format": FORMAT,
+            "decisions": dict(self.decisions),
+            "rows": [list(row.__dict__.values()) for row in self.rows],
+            "plain_bytes": self.plain_bytes,
+            "estimated_bytes": self.estimated_bytes,
+            "estimated_step_time_ratio": self.estimated_step_time_ratio,
+            "budget_bytes": self.budget_bytes,
+            "step_seconds": self.step_seconds,
+            "rates": None if self.rates is None else self.rates.to_dict(),
+            "structure": list(self.structure),
+            "structure_sha256": _digest(self.structure),
+            "inputs": list(self.inputs),
+            "calls": dict(self.calls),
+            "note": self.note,
+            "kept_calls": {k: [list(c) for c in v] for k, v in self.kept_calls.items()},
+            "saved_plans": {k: encode_saved_plan(v) for k, v in self.saved_plans.items()},
+            "considered": [list(c.__dict__.values()) for c in self.considered],
+        }
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> CheckpointPlan:
+        """A plan from :meth:`to_dict`'s form.
+
+        Raises:
+            ValueError: If ``value`` is not a saved plan of this format.
+        """
+        if not isinstance(value, dict) or value.get("format") != FORMAT:
+            found = value.get("format") if isinstance(value, dict) else type(value).__name__
+            raise PlanFormatError(
+                f"checkpointing: this is not a saved checkpoint plan of format {FORMAT!r} "
+                f"(found {found!r}). Load a file that CheckpointPlan.save wrote."
+            )
+        try:
+            return cls(
+                decisions=dict(value["decisions"]),
+                rows=tuple(PlanRow(*row) for row in value["rows"]),
+                plain_bytes=int(value["plain_bytes"]),
+                estimated_bytes=int(value["estimated_bytes"]),
+                estimated_step_time_ratio=float(value["estimated_step_time_ratio"]),
+                budget_bytes=int(value["budget_bytes"]),
+                step_seconds=float(value["step_seconds"]),
+                rates=None if value["rates"] is None else DeviceRates.from_dict(value["rates"]),
+                structure=tuple(value["structure"]),
+                inputs=tuple(value["inputs"]),
+                calls={k: int(v) for k, v in value["calls"].items()},
+                note=str(value["note"]),
+                kept_calls={
+                    k: tuple((str(op), int(n)) for op, n in v)
+                    for k, v in value["kept_calls"].items()
+                },
+                saved_plans={k: decode_saved_plan(v) for k, v in value["saved_plans"].items()},
+                considered=tuple(ConsideredPlan(*c) for c in value["considered"]),
+            )
+        except (KeyError, TypeError) as error:
+            raise PlanFormatError(
+                f"checkpointing: this saved plan is incomplete or damaged ({error!r} is "
+                "missing or of the wrong type). Save the plan again with CheckpointPlan.save."
+            ) from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan to ``path`` as indented JSON (readable, diffable).
+
+        Args:
+            path: The file to write.
+        """
+        text = json.dumps(self.to_dict(), indent=1, sort_keys=False)
+        Path(path).write_text(text + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CheckpointPlan:
+        """Read a plan :meth:`save` wrote.
+
+        Args:
+            path: The file to read.
+
+        Returns:
+            The plan, ready to :meth:`apply` to a model built like the planned one.
+
+        Raises:
+            ValueError: If the file is not a saved plan of this format.
+        """
+        try:
+            value = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise PlanFormatError(
+                f"checkpointing: {os.fspath(path)!r} is not JSON ({error}). Load a file "
+                "that CheckpointPlan.save wrote."
+            ) from None
+        return cls.from_dict(value)
+
+
+def _digest(lines: tuple[str, ...]) -> str:
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()

@@ -1,0 +1,252 @@
+"""``plan_checkpointing``: the fastest checkpointing that fits a memory budget.
+
+The stages, each a module of this package:
+
+1. :mod:`._profile`: one training step on fake tensors records, per module call, what
+   autograd saves and every operator call (no memory, no kernel, no random draw);
+2. :mod:`._cost`: each operator call's seconds from its FLOPs and bytes at the
+   device's :class:`DeviceRates` (built-in, calibrated and cached, or given);
+3. :mod:`._options`: the ways to checkpoint each module call (its saved tensors, the
+   whole call, its cheap operators, its chosen operator calls), with the bytes each
+   saves and the seconds it costs;
+4. :mod:`._search`: the combination that saves enough for the budget in the least
+   estimated time;
+5. :mod:`._plan`: the :class:`CheckpointPlan`, which prints, saves, loads and applies.
+
+Nothing is timed, so the same model, input shapes and dtypes, budget and rates give
+the same plan in any process, under any load; under ``torch.distributed`` every rank
+takes rank 0's plan all the same (:mod:`._agree`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from torch import nn
+
+import accel
+from accel import Accelerator
+
+from .._args import resolve_backend, validate_budget, validate_planned
+from .._caches import refuse_cache_inputs, switch_off_kv_cache
+from .._decisions import KEEP, MEASURED, SAVED
+from .._selective import unavailable_reason
+from ._agree import agreed
+from ._calibrate import default_rates
+from ._cost import DeviceRates
+from ._options import Option, candidates, storage_bytes
+from ._plan import CheckpointPlan, ConsideredPlan, PlanRow, structure_of
+from ._profile import StepProfile, profile_step
+from ._saved_grain import saved_plan
+from ._search import Candidate, search
+from ._store import signature
+
+__all__ = ["plan_checkpointing"]
+
+
+def plan_checkpointing(
+    model: nn.Module,
+    example_inputs: Any,
+    memory_budget: float | int,
+    *,
+    backend: Accelerator | str | None = None,
+    selective: bool = True,
+    rates: DeviceRates | None = None,
+) -> CheckpointPlan:
+    """Plan the checkpointing that fits ``memory_budget`` with the fastest step.
+
+    Profiles one training step of ``model(*example_inputs)`` on fake tensors (no
+    activation memory, no kernel run, no random number drawn; see
+    :mod:`checkpointing.planner`) and prices every way to checkpoint each module call
+    with a cost model of FLOPs and bytes at ``rates``. Nothing is timed: the same model,
+    input shapes and dtypes, budget and rates give the same plan in every process.
+    Under an initialised ``torch.distributed`` every rank returns rank 0's plan. The
+    model's parameters, gradients, buffers and generator states are left as they were.
+    A transformers KV cache (``config.use_cache``) is switched off, with a warning.
+
+    Example::
+
+        plan = plan_checkpointing(model, (x,), memory_budget=0.5)
+        print(plan)          # module, grain, activations kept, recompute, decision
+        plan.apply(model)
+        plan.save("plan.json")  # CheckpointPlan.load("plan.json").apply(other_model)
+
+    Args:
+        model: The model, on its device and in training mode, not yet checkpointed.
+        example_inputs: A tuple of positional arguments for ``model`` (or a dict of
+            keyword arguments), shaped like a training batch.
+        memory_budget: Activation memory to allow: a float fraction of the plain
+            model's (0 < b <= 1), or an int number of bytes.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+        selective: Consider operator-grain checkpointing besides whole modules: by
+            operator class (recompute pointwise operators, dropout and normalisation
+            inside a module; keep matmul and attention outputs), and by chosen call
+            (keep the calls that save the most recompute time per byte). Unavailable
+            before torch 2.5. Whole modules and the saved-tensor grain (drop saved
+            tensors that cheap operators recompute from kept ones, pack host dropout
+            masks) are always considered.
+        rates: The device's rates for the cost model; ``None`` means those
+            :func:`checkpointing.calibrate_rates` cached for this device, else the
+            built-in ones (:func:`checkpointing.default_rates`).
+
+    Returns:
+        The plan; ``plan.apply(model)`` carries it out.
+
+    Raises:
+        TypeError: If ``memory_budget`` is not a float or an int, ``example_inputs`` is
+            not a tuple (or list) or a dict (a bare tensor ``x`` is refused: pass
+            ``(x,)``), or ``rates`` is not a :class:`DeviceRates`.
+        ValueError: If ``memory_budget`` is out of range or below what checkpointing
+            every candidate module call reaches (the message gives the smallest
+            reachable fraction), the model is in evaluation mode, no module can be
+            checkpointed (the message says why), no model output requires grad, or
+            ``example_inputs`` pass ``use_cache=True`` or a key-value cache (a
+            transformers ``config.use_cache`` that is ``True`` is instead set to
+            ``False``, with a warning).
+    """
+    validate_budget(memory_budget)
+    validate_planned(model, example_inputs)
+    refuse_cache_inputs(example_inputs)
+    if rates is not None and not isinstance(rates, DeviceRates):
+        raise TypeError(
+            f"checkpointing: rates must be a DeviceRates, got {type(rates).__name__}. "
+            "Pass checkpointing.calibrate_rates(...) or checkpointing.default_rates(...), "
+            "or leave it None."
+        )
+    switch_off_kv_cache(model)
+    resolved = resolve_backend(backend)
+    backend = accel.get_backend() if resolved is None else resolved
+    rates = default_rates(backend) if rates is None else rates
+    return agreed(lambda: _plan(model, example_inputs, memory_budget, backend, selective, rates))
+
+
+def _plan(
+    model: nn.Module,
+    example_inputs: Any,
+    memory_budget: float | int,
+    backend: Accelerator,
+    selective: bool,
+    rates: DeviceRates,
+) -> CheckpointPlan:
+    device_start = _device_start(backend)
+    notes = []
+    reason = unavailable_reason() if selective else None
+    if reason is not None:
+        selective = False
+        notes.append(f"operator grain unavailable (whole modules and saved tensors only): {reason}.")
+    profile = profile_step(model, example_inputs, backend, rates)
+    if profile.fallback:
+        notes.insert(0, f"Profiled on real tensors: {profile.fallback}.")
+    plain = profile.plain_bytes
+    budget = (
+        math.floor(memory_budget * plain) if isinstance(memory_budget, float) else memory_budget
+    )
+    options = candidates(profile, selective)
+    pool, best = search(profile, options, budget, memory_budget)
+    plan = _build(profile, options, best, pool, budget, " ".join(notes))
+    plan = _with_model(plan, model, example_inputs)
+    if device_start is None:
+        return plan
+    backend.synchronize()
+    return replace(
+        plan,
+        device_bytes=backend.memory_allocated() - device_start,
+        device_peak_bytes=backend.max_memory_allocated() - device_start,
+    )
+
+
+def _with_model(plan: CheckpointPlan, model: nn.Module, example_inputs: Any) -> CheckpointPlan:
+    return replace(plan, structure=structure_of(model), inputs=tuple(signature(example_inputs)))
+
+
+def _device_start(backend: Accelerator) -> int | None:
+    """Bytes the device holds before planning (its peak counter reset), where it counts."""
+    if not backend.supports_memory_stats:
+        return None
+    backend.synchronize()
+    start = backend.memory_allocated()
+    backend.reset_peak_memory_stats()
+    return start
+
+
+def _frontier(profile: StepProfile, options: dict[str, list[Option]], name: str) -> list[str]:
+    """The candidates below ``name`` reached through non-candidates only."""
+    found = []
+    for child in profile.modules[name].children:
+        if child in options:
+            found.append(child)
+        else:
+            found.extend(_frontier(profile, options, child))
+    return found
+
+
+def _rows(
+    profile: StepProfile,
+    options: dict[str, list[Option]],
+    chosen: dict[str, Option],
+    name: str = "",
+) -> list[PlanRow]:
+    """One row per chosen module call, and per kept one at the level of repeated blocks."""
+    if name in chosen:
+        option = chosen[name]
+        kept = storage_bytes(profile, option.kept) + option.extra_bytes
+        return [PlanRow(name, option.kind, option.decision, kept, option.seconds)]
+    below = _frontier(profile, options, name)
+    inside = any(not name or other.startswith((f"{name}.", f"{name}@")) for other in chosen)
+    repeated = len(below) > 1 and len({profile.modules[b].kind for b in below}) == 1
+    if name in options and not inside and not repeated:
+        owned = [
+            index
+            for index, stacks in profile.saved_by.items()
+            if all(name in stack for stack in stacks)
+        ]
+        return [PlanRow(name, "module", KEEP, storage_bytes(profile, owned), 0.0)]
+    return [row for child in below for row in _rows(profile, options, chosen, child)]
+
+
+def _build(
+    profile: StepProfile,
+    options: dict[str, list[Option]],
+    taken: Candidate,
+    pool: list[Candidate],
+    budget: int,
+    note: str,
+) -> CheckpointPlan:
+    chosen = taken.chosen
+    recompute = sum(option.seconds for option in chosen.values())
+    considered = tuple(
+        ConsideredPlan(
+            c.label, c.estimated_bytes, c.estimated_seconds, c.fits(budget), c is taken, c.reason
+        )
+        for c in pool
+    )
+    if taken.notes:
+        note = f"{note} {'; '.join(taken.notes)}.".strip()
+    calls = {
+        record.module: record.calls
+        for name, record in profile.modules.items()
+        if record.calls > 1 and name in chosen
+    }
+    return CheckpointPlan(
+        considered=considered,
+        decisions={name: option.decision for name, option in chosen.items()},
+        rows=tuple(_rows(profile, options, chosen)),
+        plain_bytes=profile.plain_bytes,
+        estimated_bytes=taken.estimated_bytes,
+        estimated_step_time_ratio=(profile.step_time + recompute) / profile.step_time,
+        budget_bytes=budget,
+        step_seconds=profile.step_time,
+        rates=profile.rates,
+        calls=calls,
+        note=note,
+        kept_calls={
+            name: option.calls for name, option in chosen.items() if option.decision == MEASURED
+        },
+        saved_plans={
+            name: saved_plan(profile, name, list(option.saved_units))
+            for name, option in chosen.items()
+            if option.decision == SAVED
+        },
+    )

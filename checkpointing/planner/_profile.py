@@ -1,0 +1,442 @@
+"""Profiling one training step for the planner: on fake tensors, priced by the cost model.
+
+The step runs on *fake tensors* (``torch._subclasses.FakeTensorMode``): every
+parameter, buffer and input is replaced by a tensor that has a shape, a dtype and a
+device but no memory, and the model is called through ``torch.func.functional_call``
+so the real parameters are never touched. Planning therefore holds none of the
+activations the budget is for, draws no random numbers and runs no kernel on the
+device, on any backend (a lazy device included: nothing is traced or compiled).
+
+A dispatch mode and saved-tensor hooks record, per module *call*: the storages autograd
+saves while it runs (each once, parameters and buffers excluded, as
+:class:`SavedTensorMeter` counts), the storages of its tensor inputs (what a checkpoint
+keeps instead), the outputs of the operators a selective checkpoint keeps, and every
+operator call with its estimated seconds (:func:`._cost.operator_cost`). Backward runs
+on the fake tensors too, and its operators give the plain step's estimated time.
+
+A module called once is recorded under its qualified name; a module called several
+times per step (a layer shared across depths) gets one record per call, named
+``"name@k"`` for its k-th call, each planned on its own.
+
+Where the model cannot run on fake tensors (an operator whose output shape the data
+decides, such as mixture-of-experts routing, or one without a fake kernel), one real
+forward runs instead, keeping none of the tensors autograd saves; its backward is
+then estimated as twice its forward. :attr:`StepProfile.fallback` says why.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._replay import Geometry, Ref, replayable, storage_key, template_of
+from .._selective import is_saved_operator, written_tensors
+from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
+from ._cost import DeviceRates, operator_cost
+
+__all__ = ["ModuleProfile", "OpCall", "StepProfile", "call_name", "module_name", "profile_step"]
+
+
+@dataclass
+class OpCall:
+    """One operator call inside a module's forward, as a selective policy sees it.
+
+    ``occurrence`` counts the earlier calls of the same operator in that module call's
+    forward, which is how a policy recognises the call again. ``seconds`` is the
+    cost model's estimate of the operator alone.
+    """
+
+    name: str
+    occurrence: int
+    seconds: float
+    fresh: tuple[int, ...]
+    mutated: tuple[int, ...]
+    read: tuple[int, ...]
+    random: bool
+    func: Any = None
+    template: Any = None  # (args, kwargs) with tensors as Refs; None if not replayable
+    outputs: tuple[int | None, ...] = ()  # each output tensor's new storage, or None
+
+
+@dataclass
+class ModuleProfile:
+    """What one module call's forward saved, took and received."""
+
+    name: str
+    kind: str = ""
+    module: str = ""  # the module's qualified name (``name`` less any ``@k``)
+    call: int = 0  # which call of the module this is (0 for the first)
+    calls: int = 1  # how many calls of the module the step makes
+    repeated_input: bool = False
+    running_stats: bool = False  # it or a module inside updates running statistics
+    data_dependent: bool = False  # an operator inside has a data-dependent output shape
+    fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
+    children: list[str] = field(default_factory=list)
+    inputs: set[int] = field(default_factory=set)
+    cached: set[int] = field(default_factory=set)
+    forward_time: float = 0.0
+    recomputed_time: float = 0.0
+    written_bytes: int = 0
+    recomputed_bytes: int = 0
+    ops: list[OpCall] = field(default_factory=list)
+    packs: list[tuple[int | None, Geometry]] = field(default_factory=list)
+    input_order: list[int | None] = field(default_factory=list)
+
+
+@dataclass
+class StepProfile:
+    """The recorded step: storages (by index), who saved them, and estimated seconds."""
+
+    modules: dict[str, ModuleProfile]
+    storage_bytes: dict[int, int]
+    saved_by: dict[int, set[tuple[str, ...]]]
+    step_time: float  # the plain step's estimated seconds (forward and backward)
+    forward_time: float
+    rates: DeviceRates
+    fallback: str = ""  # why the step ran on real tensors, or empty
+    host_masks: bool = False  # random draws land in host memory (dropout masks packable)
+
+    @property
+    def plain_bytes(self) -> int:
+        """Bytes of the distinct storages autograd keeps in the plain step."""
+        return sum(self.storage_bytes[index] for index in self.saved_by)
+
+
+def call_name(module: str, call: int, calls: int) -> str:
+    """A module call's record name: ``module`` if called once, else ``module@call``."""
+    return module if calls == 1 else f"{module}@{call}"
+
+
+def module_name(name: str) -> str:
+    """The qualified module name of a record name (``"layer@2"`` -> ``"layer"``)."""
+    return name.rpartition("@")[0] if "@" in name else name
+
+
+# Operators whose output shape or value the data decides (nonzero, masked_select, item):
+# with them a module's operator calls and saved tensors can differ from step to step
+# (mixture-of-experts routing), so positions and occurrences recorded once do not hold.
+_DATA_DEPENDENT = tuple(
+    tag
+    for tag in (
+        getattr(torch.Tag, "dynamic_output_shape", None),
+        getattr(torch.Tag, "data_dependent_output", None),
+    )
+    if tag is not None
+)
+
+
+class _Recorder(TorchDispatchMode):
+    """Gives every new storage an index, and charges operators to the running calls."""
+
+    def __init__(self, rates: DeviceRates, state_names: dict[int, str]) -> None:
+        super().__init__()
+        self.rates = rates
+        self.state_names = state_names
+        self.ids: dict[int, int] = {}
+        self.storage_bytes: dict[int, int] = {}
+        self.stack: list[ModuleProfile] = []
+        self.occurrences: Counter[tuple[int, str]] = Counter()  # (record, operator) calls
+        self.shaped_by_data: set[int] = set()  # storages created downstream of routing
+        self.forward_time = 0.0
+        self.backward_time = 0.0
+        self.backward = False
+
+    def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
+        key = storage_key(tensor)
+        if key in self.state_names:
+            return None
+        if new or key not in self.ids:
+            index = self.ids[key] = len(self.storage_bytes)
+            self.storage_bytes[index] = tensor.untyped_storage().nbytes()
+        return self.ids[key]
+
+    def ref(self, tensor: torch.Tensor) -> Ref | None:
+        """Where ``tensor`` came from: a parameter or buffer by name, else its storage."""
+        name = self.state_names.get(storage_key(tensor))
+        if name is not None:
+            return Ref("state", name, Geometry.of(tensor))
+        index = self.identify(tensor)
+        return None if index is None else Ref("storage", index, Geometry.of(tensor))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        arguments = tensors_of((args, kwargs))
+        inputs = {storage_key(t) for t in arguments}
+        results = tensors_of(out)
+        fresh_keys = {storage_key(t): t for t in results if storage_key(t) not in inputs}
+        fresh_bytes = sum(t.untyped_storage().nbytes() for t in fresh_keys.values())
+        seconds = operator_cost(func, args, kwargs, out, fresh_bytes, self.rates)
+        if self.backward:
+            self.backward_time += seconds
+            return out
+        self.forward_time += seconds
+        outputs = tuple(
+            None if storage_key(t) in inputs else self.identify(t, new=True) for t in results
+        )
+        fresh = [index for index in outputs if index is not None]
+        read = [index for t in arguments if (index := self.identify(t)) is not None]
+        mutated = [
+            index
+            for t in written_tensors(func, args, kwargs)
+            if (index := self.identify(t)) is not None
+        ]
+        written = sum(self.storage_bytes[index] for index in fresh)
+        kept = is_saved_operator(func)
+        name = str(func)
+        random = torch.Tag.nondeterministic_seeded in func.tags
+        data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT)
+        if data_dependent or self.shaped_by_data.intersection(read):
+            # The output's shape may follow the data too, unless an input whose shape
+            # does not already has that shape (a residual add, an index_add_ target).
+            steady = {
+                tuple(t.shape)
+                for t in arguments
+                if storage_key(t) not in self.state_names
+                and self.identify(t) not in self.shaped_by_data
+            }
+            for index, tensor in zip(outputs, results, strict=False):
+                if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
+                    self.shaped_by_data.add(index)
+        template = None
+        if replayable(func) and self.stack:
+            template, complete = template_of((args, kwargs), self.ref)
+            template = template if complete else None
+        for record in self.stack:
+            record.data_dependent |= data_dependent
+            record.forward_time += seconds
+            record.written_bytes += written
+            if kept:
+                record.cached.update(fresh)
+            else:
+                record.recomputed_bytes += written
+                record.recomputed_time += seconds
+            occurrence = self.occurrences[id(record), name]
+            self.occurrences[id(record), name] += 1
+            record.ops.append(
+                OpCall(
+                    name,
+                    occurrence,
+                    seconds,
+                    tuple(fresh),
+                    tuple(dict.fromkeys(mutated)),
+                    tuple(dict.fromkeys(read)),
+                    random,
+                    func,
+                    template,
+                    outputs,
+                )
+            )
+        return out
+
+
+class _Calls:
+    """Module hooks that open one record per module call and track the call tree."""
+
+    def __init__(self, model: nn.Module, recorder: _Recorder) -> None:
+        self.names = {id(module): name for name, module in model.named_modules()}
+        self.recorder = recorder
+        self.records: list[ModuleProfile] = []
+        self.children: dict[int, list[ModuleProfile]] = {}
+        self.counts: Counter[str] = Counter()
+        self.saved_by: dict[int, set[tuple[int, ...]]] = {}
+        self.packs: list[tuple[int | None, Geometry]] = []
+
+    def before(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        recorder = self.recorder
+        name = self.names[id(module)]
+        record = ModuleProfile(
+            name,
+            kind=type(module).__qualname__,
+            module=name,
+            call=self.counts[name],
+            fused_rnn=isinstance(module, nn.RNNBase),
+        )
+        self.counts[name] += 1
+        self.records.append(record)
+        if recorder.stack:
+            self.children.setdefault(id(recorder.stack[-1]), []).append(record)
+        tensors = tensors_of((args, kwargs))
+        # `f(x, x)`: the checkpoint restores such repeats in its recomputation (torch hands
+        # it one tensor per argument; self-attention projects `query is key` in one
+        # product), so these modules are candidates like any other.
+        record.repeated_input = len({id(t) for t in tensors}) < len(tensors)
+        if module.training and getattr(module, "track_running_stats", False):
+            for running in (record, *recorder.stack):
+                running.running_stats = True
+        for tensor in tensors:
+            index = recorder.identify(tensor)
+            record.data_dependent |= index in recorder.shaped_by_data
+            record.input_order.append(index)
+            if index is not None:
+                record.inputs.add(index)
+        recorder.stack.append(record)
+
+    def after(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.recorder.stack.pop()
+
+    def pack(self, tensor: torch.Tensor) -> None:
+        recorder = self.recorder
+        index = recorder.identify(tensor)
+        if index is not None:
+            self.saved_by.setdefault(index, set()).add(tuple(id(m) for m in recorder.stack))
+        geometry = Geometry.of(tensor)
+        for record in recorder.stack:
+            record.packs.append((index, geometry))
+
+    def finish(self) -> tuple[dict[str, ModuleProfile], dict[int, set[tuple[str, ...]]]]:
+        """The records by name (``"name@k"`` for repeated calls) and ``saved_by`` by name."""
+        for record in self.records:
+            record.calls = self.counts[record.module]
+            record.name = call_name(record.module, record.call, record.calls)
+        for record in self.records:
+            record.children = [child.name for child in self.children.get(id(record), [])]
+        by_id = {id(record): record.name for record in self.records}
+        saved_by = {
+            index: {tuple(by_id[i] for i in stack) for stack in stacks}
+            for index, stacks in self.saved_by.items()
+        }
+        return {record.name: record for record in self.records}, saved_by
+
+
+def _fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer as a fake tensor (shared ones shared), by name."""
+    fakes: dict[int, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    named = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    for name, tensor in named:
+        if id(tensor) not in fakes:
+            fake = mode.from_tensor(tensor)
+            if isinstance(tensor, nn.Parameter) and tensor.requires_grad:
+                fake = fake.detach().requires_grad_(True)
+            fakes[id(tensor)] = fake
+        state[name] = fakes[id(tensor)]
+    return state
+
+
+def _run(
+    model: nn.Module, example_inputs: Any, rates: DeviceRates, fake: bool
+) -> tuple[_Calls, _Recorder, float]:
+    """One step under the recorder: fake (forward and backward) or real (forward only)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode: Any = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
+    state: dict[str, torch.Tensor] = {}
+    inputs = example_inputs
+    if fake:
+        with mode:
+            state = _fake_state(model, mode)
+            inputs = torch.utils._pytree.tree_map(
+                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
+                example_inputs,
+            )
+        names = {storage_key(tensor): name for name, tensor in state.items()}
+    else:
+        named = [
+            *model.named_parameters(remove_duplicate=False),
+            *model.named_buffers(remove_duplicate=False),
+        ]
+        names = {}
+        for name, tensor in named:
+            names.setdefault(storage_key(tensor), name)
+    recorder = _Recorder(rates, names)
+    calls = _Calls(model, recorder)
+    with ExitStack() as stack:
+        for module in model.modules():
+            stack.callback(module.register_forward_pre_hook(calls.before, with_kwargs=True).remove)
+            stack.callback(module.register_forward_hook(calls.after).remove)
+        stack.enter_context(mode if fake else nullcontext())
+        stack.enter_context(recorder)
+        if fake:
+            with torch.autograd.graph.saved_tensors_hooks(_keeping(calls.pack), _identity):
+                output = _call(model, state, inputs)
+            outputs = require_grad(output)
+            recorder.backward = True
+            torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+            backward = recorder.backward_time
+        else:
+            with dropping_saved(calls.pack):
+                output = call_model(model, inputs)
+            require_grad(output)
+            backward = 2.0 * recorder.forward_time
+        del output
+    return calls, recorder, backward
+
+
+def _keeping(record: Any) -> Any:
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        record(tensor)
+        return tensor
+
+    return pack
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _call(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
+    from torch.func import functional_call
+
+    if isinstance(inputs, dict):
+        return functional_call(model, state, (), inputs, tie_weights=True, strict=False)
+    return functional_call(model, state, tuple(inputs), tie_weights=True, strict=False)
+
+
+def profile_step(
+    model: nn.Module, example_inputs: Any, backend: Any, rates: DeviceRates
+) -> StepProfile:
+    """Record one plain step of ``model(*example_inputs)`` (see the module docstring).
+
+    Args:
+        model: The model, not yet checkpointed.
+        example_inputs: A tuple of positional arguments or a dict of keyword arguments.
+        backend: The backend the model runs on (used only by the real-tensor fallback,
+            which puts its generators and the model's buffers back afterwards).
+        rates: The device's rates for the cost model.
+
+    Returns:
+        The recorded profile.
+    """
+    fallback = ""
+    try:
+        calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
+    except ValueError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure of the fake run falls back
+        fallback = (
+            "the model could not run on fake tensors "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}), "
+            "so one real forward was profiled, keeping no activations, and backward was "
+            "estimated as twice the forward"
+        )
+        with untouched(model, backend):
+            calls, recorder, backward = _run(model, example_inputs, rates, fake=False)
+    modules, saved_by = calls.finish()
+    host = _host_device(model, example_inputs)
+    return StepProfile(
+        modules=modules,
+        storage_bytes=recorder.storage_bytes,
+        saved_by=saved_by,
+        step_time=recorder.forward_time + backward,
+        forward_time=recorder.forward_time,
+        rates=rates,
+        fallback=fallback,
+        host_masks=host,
+    )
+
+
+def _host_device(model: nn.Module, example_inputs: Any) -> bool:
+    """Whether the model's tensors live in host memory (where dropout masks are floats)."""
+    for tensor in (*model.parameters(), *tensors_of(example_inputs)):
+        return tensor.device.type == "cpu"
+    return True
