@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ._replay import storage_key
+
 __all__ = ["LiveActivationMeter", "SavedTensorMeter"]
 
 
@@ -28,7 +30,7 @@ class SavedTensorMeter:
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
-        self._excluded = {tensor.untyped_storage().data_ptr() for tensor in exclude}
+        self._excluded = {storage_key(tensor) for tensor in exclude}
         self._storages: dict[int, int] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
@@ -39,8 +41,8 @@ class SavedTensorMeter:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self._excluded:
-            self._storages[storage.data_ptr()] = storage.nbytes()
+        if storage_key(tensor) not in self._excluded:
+            self._storages[storage_key(tensor)] = storage.nbytes()
         return tensor
 
     @staticmethod
@@ -84,7 +86,7 @@ class LiveActivationMeter:
     def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        excluded = {tensor.untyped_storage().data_ptr() for tensor in exclude}
+        excluded = {storage_key(tensor) for tensor in exclude}
         # Liveness comes from finalizers on the storages, never from references to them:
         # even a weak reference to a storage (StorageWeakRef) keeps its bytes allocated.
         tracked: dict[int, int] = {}  # storage (cdata) to bytes, while alive
@@ -116,7 +118,7 @@ class LiveActivationMeter:
                 self, func: Any, types: Any, args: Any = (), kwargs: Any = None
             ) -> Any:
                 for leaf in torch.utils._pytree.tree_leaves((args, kwargs)):
-                    if isinstance(leaf, torch.Tensor) and leaf.device.type != "meta":
+                    if isinstance(leaf, torch.Tensor) and _holds_memory(leaf):
                         storage = leaf.untyped_storage()
                         key = key_of(storage)
                         if key not in tracked and key not in foreign:
@@ -124,9 +126,9 @@ class LiveActivationMeter:
                             weakref.finalize(storage, freed, key)
                 out = func(*args, **(kwargs or {}))
                 for leaf in torch.utils._pytree.tree_leaves(out):
-                    if isinstance(leaf, torch.Tensor):
+                    if isinstance(leaf, torch.Tensor) and _holds_memory(leaf):
                         storage = leaf.untyped_storage()
-                        if storage.data_ptr() not in excluded:
+                        if key_of(storage) not in excluded:
                             track(storage)
                 return out
 
@@ -150,3 +152,10 @@ class LiveActivationMeter:
 
     def __exit__(self, *exc_info: object) -> None:
         self._mode.__exit__(*exc_info)
+
+
+def _holds_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s storage holds bytes (a meta or fake tensor holds none)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return tensor.device.type != "meta" and not isinstance(tensor, FakeTensor)

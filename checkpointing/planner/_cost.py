@@ -41,7 +41,7 @@ class DeviceRates:
     """What one device computes and moves per second: the cost model's inputs.
 
     Attributes:
-        device_type: The device type the rates describe (``"cpu"``, ``"cuda"``...).
+        device_type: The device type the rates describe (``"cpu"`` or an accelerator's).
         source: Where they come from: ``"built-in"``, ``"calibrated"`` (with when and
             where) or ``"given"``.
         matmul_flops: Floating-point operations per second of matrix products.
@@ -192,7 +192,7 @@ def builtin_rates(device_type: str) -> DeviceRates:
     """The built-in rates for ``device_type``: the host's table, else an accelerator's.
 
     Args:
-        device_type: A ``torch.device`` type (``"cpu"``, ``"cuda"``, ``"hpu"``...).
+        device_type: A ``torch.device`` type (``"cpu"`` or an accelerator's).
 
     Returns:
         The rates, with ``source="built-in"``.

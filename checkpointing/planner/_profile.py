@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._replay import Geometry, Ref, replayable, storage_key, template_of
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
-from ._cost import DeviceRates, operator_cost
+from ._cost import DeviceRates, builtin_rates, operator_cost
 
 __all__ = ["ModuleProfile", "OpCall", "StepProfile", "call_name", "module_name", "profile_step"]
 
@@ -77,7 +77,8 @@ class ModuleProfile:
     running_stats: bool = False  # it or a module inside updates running statistics
     data_dependent: bool = False  # an operator inside has a data-dependent output shape
     fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
-    children: list[str] = field(default_factory=list)
+    children: list[str] = field(default_factory=list)  # the calls made inside this one
+    child_kinds: tuple[str, ...] = ()  # the module's own children's classes
     inputs: set[int] = field(default_factory=set)
     cached: set[int] = field(default_factory=set)
     forward_time: float = 0.0
@@ -257,6 +258,7 @@ class _Calls:
             module=name,
             call=self.counts[name],
             fused_rnn=isinstance(module, nn.RNNBase),
+            child_kinds=tuple(type(child).__qualname__ for child in module.children()),
         )
         self.counts[name] += 1
         self.records.append(record)
@@ -393,7 +395,7 @@ def _call(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
 
 
 def profile_step(
-    model: nn.Module, example_inputs: Any, backend: Any, rates: DeviceRates
+    model: nn.Module, example_inputs: Any, backend: Any, rates: DeviceRates | None = None
 ) -> StepProfile:
     """Record one plain step of ``model(*example_inputs)`` (see the module docstring).
 
@@ -402,21 +404,25 @@ def profile_step(
         example_inputs: A tuple of positional arguments or a dict of keyword arguments.
         backend: The backend the model runs on (used only by the real-tensor fallback,
             which puts its generators and the model's buffers back afterwards).
-        rates: The device's rates for the cost model.
+        rates: The device's rates for the cost model (default: the built-in ones for
+            the backend's device type).
 
     Returns:
         The recorded profile.
     """
-    fallback = ""
-    try:
-        calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
-    except ValueError:
-        raise
-    except Exception as error:  # noqa: BLE001 - any failure of the fake run falls back
-        fallback = (
-            "the model could not run on fake tensors "
-            f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}), "
-            "so one real forward was profiled, keeping no activations, and backward was "
+    rates = builtin_rates(backend.device_type) if rates is None else rates
+    fallback = _no_fake_reason(model)
+    if not fallback:
+        try:
+            calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
+        except ValueError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure of the fake run falls back
+            first = str(error).splitlines()[0][:160] if str(error) else ""
+            fallback = f"the model could not run on fake tensors ({type(error).__name__}: {first})"
+    if fallback:
+        fallback += (
+            ", so one real forward was profiled, keeping no activations, and backward was "
             "estimated as twice the forward"
         )
         with untouched(model, backend):
@@ -433,6 +439,17 @@ def profile_step(
         fallback=fallback,
         host_masks=host,
     )
+
+
+def _no_fake_reason(model: nn.Module) -> str:
+    """Why fake tensors would misjudge ``model``'s memory, or empty."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.RNNBase):
+            return (
+                f"{name or 'the model'} is an {type(module).__name__}, whose fused kernel "
+                "keeps a workspace for backward that fake tensors give no size"
+            )
+    return ""
 
 
 def _host_device(model: nn.Module, example_inputs: Any) -> bool:

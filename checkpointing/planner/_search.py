@@ -200,7 +200,7 @@ def candidate(profile: StepProfile, label: str, chosen: dict[str, Option]) -> Ca
 
 def _signature(profile: StepProfile, name: str) -> tuple[str, tuple[str, ...]]:
     record = profile.modules[name]
-    return record.kind, tuple(profile.modules[child].kind for child in record.children)
+    return record.kind, record.child_kinds
 
 
 def _block_like(profile: StepProfile, options: dict[str, list[Option]], name: str) -> bool:

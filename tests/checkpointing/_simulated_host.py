@@ -1,17 +1,20 @@
-"""A simulated host for planner tests: a clock that only operators advance, with seeded noise.
+"""A simulated host for planner tests: every clock Python has, run by seeded noise.
 
-The planner reads time through :mod:`checkpointing._clock`; under :func:`simulated` it
-reads this clock instead, which advances by a cost model of each operator that runs
+Under :func:`simulated`, ``time.perf_counter``, ``time.monotonic``, ``time.time`` (and
+their ``_ns`` forms) read a clock that operators advance by a model of their cost
 (bytes touched, matrix-product flops, random draws dearer), scaled by seeded noise:
 per-operator jitter and a load factor that jumps every few hundred operators, the way
-a shared machine's does. Tests that use it never depend on real time, and the same
-seed replays the same noise, so they cannot flake.
+a shared machine's does; each reading of the clock also moves it on at a random rate.
+A planner that read any clock would decide differently under different seeds; one that
+decides from shapes and rates decides the same. The same seed replays the same noise,
+so tests that use it cannot flake.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,7 +23,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from checkpointing import _clock
 
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention"}
 
@@ -38,6 +40,7 @@ class SimulatedHost(TorchDispatchMode):
         self.left = 0  # operators until the load changes
 
     def now(self) -> float:
+        self.time += self.random.uniform(0.0, 1e-4) * self.load
         return self.time
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -64,5 +67,16 @@ class SimulatedHost(TorchDispatchMode):
 def simulated(seed: int, jitter: float = 0.3, load: float = 3.0) -> Iterator[SimulatedHost]:
     """Run the block on a :class:`SimulatedHost`: its clock is the planner's."""
     host = SimulatedHost(seed, jitter, load)
-    with host, _clock.timer(host.now):
-        yield host
+    names = ("perf_counter", "monotonic", "time")
+    saved = {name: getattr(time, name) for name in names}
+    saved_ns = {name: getattr(time, f"{name}_ns") for name in names}
+    try:
+        for name in names:
+            setattr(time, name, host.now)
+            setattr(time, f"{name}_ns", lambda: int(host.now() * 1e9))
+        with host:
+            yield host
+    finally:
+        for name in names:
+            setattr(time, name, saved[name])
+            setattr(time, f"{name}_ns", saved_ns[name])

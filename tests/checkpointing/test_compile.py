@@ -140,8 +140,8 @@ class _Block(nn.Module):
 def test_a_budget_plan_compiles_in_one_graph_and_trains_like_eager() -> None:
     from checkpointing import CheckpointPlan
     from checkpointing._decisions import FULL, SAVED
-    from checkpointing._profile import profile_step
-    from checkpointing._saved_grain import saved_plan, saved_units
+    from checkpointing.planner._profile import profile_step
+    from checkpointing.planner._saved_grain import saved_plan, saved_units
 
     torch.manual_seed(0)
     plain = nn.Sequential(*(_Block() for _ in range(4)))

@@ -12,10 +12,11 @@ from torch import nn
 import accel
 from accel._compat import selective_cache_allows_mutation
 from checkpointing import CheckpointError, CheckpointPlan
-from checkpointing._kept_ops import Unit, find_units, keep_options
+from checkpointing.planner._kept_ops import Unit, find_units, keep_options
 from checkpointing._measure import LiveActivationMeter
-from checkpointing._plan import MEASURED, SelectiveCheckpointWrapper
-from checkpointing._profile import OpCall, profile_step
+from checkpointing._decisions import MEASURED
+from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
+from checkpointing.planner._profile import OpCall, profile_step
 from checkpointing._selective import unavailable_reason
 
 NO_SELECTIVE = unavailable_reason()
@@ -208,5 +209,5 @@ def test_a_unit_read_before_its_last_write_is_not_kept() -> None:
 
 def test_a_measured_decision_without_its_calls_is_refused() -> None:
     plan = CheckpointPlan(decisions={"0": MEASURED}, **_FIELDS)
-    with pytest.raises(ValueError, match=r"keeps measured operator calls in '0' but names none"):
+    with pytest.raises(ValueError, match=r"keeps chosen operator calls in '0' but names none"):
         plan.apply(_model())

@@ -1,29 +1,21 @@
-"""Planning holds no more than the plan it makes: never the plain step's activations.
+"""Planning holds none of the activations the budget is for.
 
-People plan to a budget because the plain step does not fit. On the host the tests
-count the peak of live tensors (``LiveActivationMeter.peak_bytes``: every storage an
-operator creates, freed ones subtracted as they go) during planning, and hold it to a
-cap below the plain step's peak: the chosen plan's own step peak, plus the stated
-margin: one block's activations (planning also times every block checkpointed whole,
-whose recomputation holds one block at a time) and, where in-place timing chose a plan
-that keeps less than the budget, the rest of the budget (planning timed the estimate's
-choice, which may keep up to the budget). Both outcomes of that timing are checked, on
-a noise-free simulated host, so the host's load cannot pick which one runs. On a CUDA
-device the same is checked against the allocator, capped with
-``torch.cuda.set_per_process_memory_fraction`` below what the plain step needs.
+People plan to a budget because the plain step does not fit. The planner profiles the
+step on fake tensors, so on the host the peak of live tensors during planning
+(``LiveActivationMeter.peak_bytes``: every real storage an operator creates, freed ones
+subtracted as they go) stays below a quarter of the plain step's, and on a CUDA device
+planning runs under an allocator cap (``torch.cuda.set_per_process_memory_fraction``)
+below what the plain step needs, and the plan's own step runs under it too.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import torch
-from _simulated_host import simulated  # loaded by tests/conftest.py
 from torch import nn
 
-import checkpointing._budget
 from checkpointing import CheckpointPlan, LiveActivationMeter, SavedTensorMeter, plan_checkpointing
 
 
@@ -90,53 +82,18 @@ def _held(model: nn.Module, planned: nn.Module, x: torch.Tensor, plan: Checkpoin
     return held
 
 
-def _plan_with_race(
-    monkeypatch: pytest.MonkeyPatch, model: nn.Module, x: torch.Tensor, whole_blocks_win: bool
-) -> CheckpointPlan:
-    """Plan at 0.5 on a noise-free simulated host, the in-place race decided as told.
-
-    Every step planning times still runs (and is metered); only the race between the
-    estimate's choice and every block whole (the second set of timed steps, after the
-    reference step and any first plan) is given the outcome: every block whole twice
-    as fast in every round, or a tie.
-    """
-    real = checkpointing._budget.measured_steps
-    calls: list[int] = []
-
-    def steps(*args: Any) -> list[list[float]]:
-        seconds = real(*args)
-        calls.append(len(seconds))
-        if len(calls) == 2:
-            seconds = [seconds[0], [s * (0.5 if whole_blocks_win else 1.0) for s in seconds[0]]]
-        return seconds
-
-    monkeypatch.setattr(checkpointing._budget, "measured_steps", steps)
-    with simulated(0, jitter=0.0, load=1.0):
-        plan = plan_checkpointing(model, (x,), 0.5)
-    assert len(calls) == 2 and calls[1] == 2, "a reference step, then the race was timed"
-    return plan
-
-
-@pytest.mark.parametrize("whole_blocks_win", [False, True], ids=["estimate", "every-block"])
-def test_planning_peak_stays_within_the_plan_and_below_the_plain_step(
-    monkeypatch: pytest.MonkeyPatch, whole_blocks_win: bool
-) -> None:
-    model, x = _stack()
+def test_planning_holds_a_small_fraction_of_the_plain_steps_peak() -> None:
+    model, x = _stack(tokens=256)
     plain_peak = _step_peak(model, x)
-    one_block = _one_block(model, x)
     with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
-        plan = _plan_with_race(monkeypatch, model, x, whole_blocks_win)
-    planning_peak = meter.peak_bytes
-    taken = next(c.label for c in plan.considered if c.taken)
-    assert (taken == "every block: checkpoint") is whole_blocks_win
+        plan = plan_checkpointing(model, (x,), 0.5)
+    assert plan.note == ""  # profiled on fake tensors
+    # What planning allocates is the search's tables (about 2 MB whatever the model),
+    # none of the step's activations: the issue's bar is 0.25x the plain step's peak.
+    assert meter.peak_bytes <= 0.25 * plain_peak, (meter.peak_bytes, plain_peak)
     planned = copy.deepcopy(model)
     plan.apply(planned)
-    # The plan made this way still fits the full batch's budget, measured.
-    held = _held(model, planned, x, plan)
-    assert held <= 0.52 * plan.plain_bytes
-    cap = _step_peak(planned, x) + one_block + max(0, plan.budget_bytes - held)
-    assert cap < plain_peak, "the cap must sit below the plain step's peak to mean anything"
-    assert planning_peak <= cap, (planning_peak, cap, plain_peak)
+    assert _held(model, planned, x, plan) <= 0.52 * plan.plain_bytes
 
 
 def _cuda_step_peak(model: nn.Module, x: torch.Tensor) -> int:
@@ -161,13 +118,12 @@ def test_planning_fits_under_a_cuda_memory_cap_the_plain_step_exceeds() -> None:
     x = torch.randn(4, 2048, 256, device="cuda")
     one_block = _one_block(model, x)
     plain_peak = _cuda_step_peak(model, x)
-    # The cap: the plan's own step plus the stated margin, as on the host. The plan is
-    # made once without a cap to measure that step (planning leaves the model as it was).
+    # The cap: the plan's own step plus one block. The plan is made once without a cap
+    # to measure that step (planning leaves the model as it was).
     first = plan_checkpointing(model, (x,), 0.5, backend=backend)
     planned = copy.deepcopy(model)
     first.apply(planned, backend=backend)
-    held = _held(model, planned, x, first)
-    cap = _cuda_step_peak(planned, x) + one_block + max(0, first.budget_bytes - held)
+    cap = _cuda_step_peak(planned, x) + one_block
     del planned
     assert cap < plain_peak, (cap, plain_peak, "the cap must sit below the plain step's peak")
     torch.cuda.synchronize()
@@ -181,7 +137,8 @@ def test_planning_fits_under_a_cuda_memory_cap_the_plain_step_exceeds() -> None:
         model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         plan = plan_checkpointing(model, (x,), 0.5, backend=backend)
-        assert plan.device_peak_bytes is not None and plan.device_peak_bytes <= cap
+        assert plan.to_dict() == first.to_dict()
+        assert plan.device_peak_bytes is not None and plan.device_peak_bytes <= one_block
         plan.apply(model, backend=backend)
         model(x).sum().backward()  # the plan's step runs under the cap too
     finally:

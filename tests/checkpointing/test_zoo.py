@@ -23,10 +23,10 @@ from checkpointing import (
     apply_activation_checkpointing,
     plan_checkpointing,
 )
-from checkpointing._candidates import blocks
+from checkpointing.planner._search import blocks
 from checkpointing._decisions import MEASURED, SAVED, SELECTIVE
-from checkpointing._options import candidates
-from checkpointing._profile import profile_step
+from checkpointing.planner._options import candidates
+from checkpointing.planner._profile import profile_step
 from checkpointing._selective import unavailable_reason
 
 zoo = sys.modules["accel_zoo"]  # loaded by tests/conftest.py
@@ -80,13 +80,8 @@ def _assert_not_dominated(plan: CheckpointPlan, repeated: bool = True) -> None:
     taken = [c for c in considered if c.taken]
     assert len(taken) == 1 and taken[0].fits
     fitting = [c for c in considered if c.fits]
-    fastest = min(c.estimated_seconds for c in fitting)
-    if taken[0].estimated_seconds != fastest:
-        # Timed in place against the estimate's winner, and faster by a margin.
-        (winner,) = [c for c in considered if c.measured_seconds is not None and not c.taken]
-        assert winner.estimated_seconds == fastest
-        assert taken[0].measured_seconds is not None and winner.measured_seconds is not None
-        assert taken[0].measured_seconds < winner.measured_seconds
+    # Nothing that fits is estimated faster than the plan taken (every block whole included).
+    assert taken[0].estimated_seconds == min(c.estimated_seconds for c in fitting)
     # A model with repeated blocks is weighed against checkpointing every block.
     assert any(c.label == "every block: checkpoint" for c in considered) == repeated
 
@@ -162,7 +157,7 @@ def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
 
 
 def _saved(profile: Any, name: str, option: Any) -> dict[str, Any]:
-    from checkpointing._saved_grain import saved_plan
+    from checkpointing.planner._saved_grain import saved_plan
 
     return {name: saved_plan(profile, name, list(option.saved_units))}
 
