@@ -62,7 +62,7 @@ def fsdp2_api() -> tuple[Any, Any]:
     try:
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
     except ImportError:  # torch 2.4 and 2.5 had them under _composable.fsdp only
-        from torch.distributed._composable.fsdp import (  # type: ignore[no-redef]
+        from torch.distributed._composable.fsdp import (  # type: ignore[no-redef,attr-defined,unused-ignore]
             CPUOffloadPolicy,
             fully_shard,
         )
@@ -75,7 +75,8 @@ def single_process_group(device_type: str) -> Iterator[None]:
     backend = "nccl" if device_type == "cuda" else "gloo"
     made = not dist.is_initialized()
     if made:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        store = dist.HashStore()  # type: ignore[attr-defined]
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
     try:
         yield
     finally:
@@ -137,16 +138,22 @@ def run_deepspeed_child(
     return {"result": f"failed with exit status {done.returncode}: {tail}"}
 
 
-def deepspeed_engine(reference: nn.Sequential, optimizer_factory: Callable[..., Any]) -> Any:
-    """A ZeRO-3 engine with parameters and optimizer state offloaded to pinned host memory."""
+def deepspeed_engine(
+    build: Callable[[], nn.Sequential], optimizer_factory: Callable[..., Any]
+) -> Any:
+    """A ZeRO-3 engine with parameters and optimizer state offloaded to pinned host memory.
+
+    The blocks are built inside ``deepspeed.zero.Init`` on the host, so that they are
+    partitioned as they are made: the whole model never has to fit the device's cap.
+    """
     import deepspeed
 
     os.environ.update(
         {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     )
     os.environ.setdefault("MASTER_PORT", "29517")
-    model = checkpointed_blocks(reference)
-    config = {
+    deepspeed.init_distributed()
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "zero_optimization": {
             "stage": 3,
@@ -157,6 +164,8 @@ def deepspeed_engine(reference: nn.Sequential, optimizer_factory: Callable[..., 
         "zero_force_ds_cpu_optimizer": False,
         "zero_allow_untested_optimizer": True,
     }
+    with deepspeed.zero.Init(remote_device="cpu", pin_memory=True, config_dict_or_path=config):
+        model = checkpointed_blocks(build())
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=optimizer_factory(model.parameters()), config=config
     )

@@ -316,7 +316,7 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
 
     # In-device baseline: only without the budget, and only where it fits. Plain, and
     # with every block checkpointed over the micro-batches (the compute ours must do).
-    baseline: nn.Module | None = None
+    baseline: nn.Sequential | None = None
     try:
         baseline = copy.deepcopy(reference).to(device)
         x_device = x.to(device)
@@ -329,7 +329,7 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         def checkpointed_step() -> None:
             assert baseline is not None
             for chunk in x_device.chunk(micro):
-                hidden_state = chunk
+                hidden_state: Any = chunk
                 for layer in baseline:
                     hidden_state = checkpoint(layer, hidden_state, use_reentrant=False)
                 hidden_state.square().mean().backward()
@@ -620,14 +620,15 @@ def deepspeed_peer(backend: Accelerator, args: argparse.Namespace) -> None:
     device = backend.device()
     if backend.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
-    reference = make_model(args.blocks, args.width, 4 * args.width)
     x = torch.randn(args.tokens, args.width, generator=torch.Generator().manual_seed(1))
     limit_device_memory(backend, int(args.budget_gib * 2**30))
-    engine = deepspeed_engine(reference, host_optimizer)
-    inputs = x.to(device)
     record: dict[str, Any] = {}
     before = allocator_retries(backend)
     try:
+        engine = deepspeed_engine(
+            lambda: make_model(args.blocks, args.width, 4 * args.width), host_optimizer
+        )
+        inputs = x.to(device)
 
         def forward_backward() -> None:
             engine.backward(engine(inputs).square().mean())

@@ -33,7 +33,7 @@ def floor_ms(result: dict[str, Any]) -> float:
         return float(result["copy_floor"]["floor_s"]) * 1e3
     model_bytes = result["model"]["bytes"]
     bandwidth = result["bandwidth_bytes_per_s"]
-    return max(2 * model_bytes / bandwidth["h2d"], model_bytes / bandwidth["d2h"]) * 1e3
+    return float(max(2 * model_bytes / bandwidth["h2d"], model_bytes / bandwidth["d2h"])) * 1e3
 
 
 def step_bars(

@@ -299,3 +299,44 @@ def test_smoke_run_writes_the_summary_with_a_reason_for_every_missing_figure(
     # FSDP2 either ran or said why not; so did DeepSpeed.
     assert document["fsdp2"]["result"] and document["deepspeed"]["result"]
     assert "offload.OffloadModel" in document["median_optimizer_s"]
+
+
+def test_deepspeed_child_gives_its_json_or_says_why_not(tmp_path: Path) -> None:
+    # DeepSpeed runs in a child process: its JSON line when it works, and a sentence with
+    # the exit status or the time limit when it does not, never an exception.
+    from _offload_peers import deepspeed_status, run_deepspeed_child
+
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "mode = sys.argv[sys.argv.index('--mode') + 1]\n"
+        "if mode == 'ok': print('a log line {'); print(json.dumps({'result': 'timed'}))\n"
+        "if mode == 'fail': sys.exit('DeepSpeed broke')\n"
+        "if mode == 'hang': time.sleep(30)\n"
+    )
+    assert run_deepspeed_child(script, ["--mode", "ok"], 60) == {"result": "timed"}
+    failed = run_deepspeed_child(script, ["--mode", "fail"], 60)["result"]
+    assert failed == "failed with exit status 1: DeepSpeed broke"
+    hung = run_deepspeed_child(script, ["--mode", "hang"], 1)["result"]
+    assert hung.startswith("timed out after 1 s")
+    assert deepspeed_status("cpu") is not None  # never attempted on the host
+
+
+def test_offload_plot_draws_the_h100_run_and_names_what_it_lacks(tmp_path: Path) -> None:
+    import plot_offload
+
+    results = REPO / "benchmarks" / "results"
+    result = json.loads((results / "offload-cuda-20261127.json").read_text())
+    caps = json.loads((results / "offload-caps-cuda-20261127.json").read_text())
+    bars, missing = plot_offload.step_bars(result, caps)
+    drawn = dict(bars)
+    assert round(drawn["offload.OffloadModel\nunder 3 GiB"]) == 957
+    assert round(drawn["fairscale OffloadModel\nunder 6 GiB"]) == 2211
+    assert round(plot_offload.floor_ms(result)) == 471  # the 25.8 GB / 54.7 GB/s
+    assert missing == [
+        "FSDP2 CPUOffloadPolicy: to be measured",
+        "DeepSpeed ZeRO-3 offload: to be measured",
+    ]
+    out = tmp_path / "offload.png"
+    plot_offload.draw(result, caps, out, "NVIDIA H100 80GB HBM3")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
