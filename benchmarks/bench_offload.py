@@ -289,6 +289,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
+    began = time.monotonic()
     device = backend.device()
     cuda = backend.device_type == "cuda"
     smoke = bool(getattr(args, "smoke", False))
@@ -370,17 +371,34 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
     del ours
     host_cache = release_memory(backend)
 
-    fsdp2_times, fsdp2 = compare_fsdp2(backend, reference, x, args)
+    def left_s() -> float:
+        """Seconds left before ``--deadline-s`` (infinite without one)."""
+        deadline = getattr(args, "deadline_s", 0.0) or float("inf")
+        return deadline - (time.monotonic() - began)
+
+    def out_of_time() -> dict[str, Any]:
+        return {
+            "result": f"not attempted: past the run's deadline ({args.deadline_s:g} s), "
+            "so that the figures already taken are written"
+        }
+
+    fsdp2_times, fsdp2 = (
+        compare_fsdp2(backend, reference, x, args) if left_s() > 0 else (None, out_of_time())
+    )
     if fsdp2_times is not None:
         training["FSDP2 CPUOffloadPolicy"] = fsdp2_times
     print(f"FSDP2 with CPUOffloadPolicy: {fsdp2['result']}")
 
-    fairscale_times, fairscale = compare_fairscale(backend, reference, x, args, slices, micro)
+    fairscale_times, fairscale = (
+        compare_fairscale(backend, reference, x, args, slices, micro)
+        if left_s() > 0
+        else (None, out_of_time())
+    )
     if fairscale_times is not None:
         training["fairscale OffloadModel"] = fairscale_times
     print(f"fairscale OffloadModel: {fairscale['result']}")
 
-    deepspeed = compare_deepspeed(backend, args)
+    deepspeed = compare_deepspeed(backend, args, left_s()) if left_s() > 0 else out_of_time()
     if "forward_backward" in deepspeed:
         training["DeepSpeed ZeRO-3 offload"] = {
             key: deepspeed.pop(key) for key in ("forward_backward", "optimizer")
@@ -596,7 +614,9 @@ def compare_fsdp2(
     return times, record
 
 
-def compare_deepspeed(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
+def compare_deepspeed(
+    backend: Accelerator, args: argparse.Namespace, left_s: float = float("inf")
+) -> dict[str, Any]:
     """Time DeepSpeed ZeRO-3 with CPU offload in a child process, where it can run at all."""
     from _offload_peers import deepspeed_status, run_deepspeed_child
 
@@ -608,8 +628,9 @@ def compare_deepspeed(backend: Accelerator, args: argparse.Namespace) -> dict[st
         "--budget-gib", str(args.budget_gib), "--blocks", str(args.blocks),
         "--width", str(args.width), "--tokens", str(args.tokens),
     ]  # fmt: skip
-    record = run_deepspeed_child(Path(__file__), options, args.deepspeed_timeout_s)
-    record.setdefault("timeout_s", args.deepspeed_timeout_s)
+    timeout_s = min(args.deepspeed_timeout_s, left_s)
+    record = run_deepspeed_child(Path(__file__), options, timeout_s)
+    record.setdefault("timeout_s", timeout_s)
     return record
 
 
@@ -726,6 +747,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=150.0,
         help="time allowed to DeepSpeed's child process, start and steps included",
+    )
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=0.0,
+        help="start no peer after this many seconds, so a run with a time limit still "
+        "writes its JSON (0: no deadline)",
     )
     parser.add_argument("--blocks", type=int, default=24, help="MLP blocks (device mode)")
     parser.add_argument("--width", type=int, default=4096, help="model width (device mode)")

@@ -340,3 +340,21 @@ def test_offload_plot_draws_the_h100_run_and_names_what_it_lacks(tmp_path: Path)
     out = tmp_path / "offload.png"
     plot_offload.draw(result, caps, out, "NVIDIA H100 80GB HBM3")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_peer_starts_after_the_deadline_and_the_json_is_still_written(
+    tmp_path: Path,
+) -> None:
+    import bench_offload
+
+    threads = torch.get_num_threads()  # the smoke run sets one thread: restored after
+    try:
+        bench_offload.main(["--smoke", "--results-dir", str(tmp_path), "--deadline-s", "1e-9"])
+    finally:
+        torch.set_num_threads(threads)
+    (written,) = tmp_path.glob("offload-smoke-*.json")
+    document = json.loads(written.read_text())
+    for peer in ("fsdp2", "fairscale", "deepspeed"):
+        assert document[peer]["result"].startswith("not attempted: past the run's deadline")
+    assert "offload.OffloadModel" in document["median_step_s"]
+    assert document["summary"]["reasons"]["fsdp2_step_ratio"].startswith("FSDP2: not attempted")
