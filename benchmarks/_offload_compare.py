@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,6 +22,8 @@ from accel import Accelerator
 
 # torch.cuda.OutOfMemoryError exists on every supported release (newer ones also name the
 # same class torch.OutOfMemoryError).
+T = TypeVar("T")
+
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
 
 
@@ -52,10 +54,10 @@ def release_memory(backend: Accelerator) -> str:
 def time_under_caps(
     caps_gib: list[float],
     build: Callable[[], Any],
-    time_steps: Callable[[Any], list[float]],
+    time_steps: Callable[[Any], T],
     set_cap: Callable[[float], None],
     release: Callable[[], object],
-) -> tuple[list[float] | None, dict[str, Any]]:
+) -> tuple[T | None, dict[str, Any]]:
     """Build and time a model under each cap in turn until one run does not run out of memory.
 
     Returns:
@@ -68,7 +70,7 @@ def time_under_caps(
         error = ""
         try:
             model = build()
-            times = time_steps(model)
+            times: T | None = time_steps(model)
         except OUT_OF_MEMORY as exc:
             error = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
             times = None

@@ -9,7 +9,8 @@ The machine the proof runs on has no network, so nothing here may reach a packag
   else ``pip install --no-deps --no-build-isolation --no-index -e .`` with the
   setuptools and wheel already installed, when they satisfy ``[build-system] requires``;
 * fairscale 0.4.13 (a pure-Python wheel, built anywhere with ``pip wheel``) and numpy
-  (``import fairscale`` needs it; torch does not bring it) come from the wheel directory.
+  (``import fairscale`` needs it; torch does not bring it) come from the wheel directory;
+  so does DeepSpeed, optionally, with its requirements.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ WHEELS_TO_BRING = (
         "pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
         "--platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 numpy -d .whl",
         "only where `python3 -c 'import numpy'` fails there (the lent GPU image has numpy 2.5)",
+    ),
+    (
+        "deepspeed-0.19.8-py3-none-any.whl and the wheels it requires",
+        "python3.12 -m pip wheel deepspeed==0.19.8 -w .whl (on x86-64 Linux, beside torch)",
+        "optional: bench_offload.py times DeepSpeed ZeRO-3 with CPU offload only where it "
+        "installs (else its JSON says not installed)",
     ),
     (
         "accel_hal-<version>-py3-none-any.whl",

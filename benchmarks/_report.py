@@ -40,13 +40,19 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
             print("  ".join("-" * width for width in widths))
 
 
-def write_results(name: str, backend: str, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` plus machine facts and the date to results/<name>-<backend>-<date>.json."""
+def write_results(
+    name: str, backend: str, payload: dict[str, Any], directory: Path | None = None
+) -> Path:
+    """Write ``payload`` plus machine facts and the date to results/<name>-<backend>-<date>.json.
+
+    ``directory`` replaces ``benchmarks/results/`` (a test's temporary folder).
+    """
     now = dt.datetime.now(dt.timezone.utc)
     document = {"benchmark": name, "backend": backend, "date": now.isoformat(), **payload}
     document["machine"] = machine()
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}-{backend}-{now:%Y%m%d}.json"
+    folder = RESULTS_DIR if directory is None else directory
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{backend}-{now:%Y%m%d}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     return path
 

@@ -1,18 +1,33 @@
-"""Offload throughput: OffloadModel against the plain model and fairscale's OffloadModel.
+"""Offload throughput: OffloadModel against the copy floor and today's peers.
 
 On a backend with streams (a GPU), the model is at least ``--min-ratio`` (4) times larger
 than the device memory the script allows (``--budget-gib``, enforced with the vendor's
-per-process memory fraction), and the script reports:
+per-process memory fraction), and the script reports, in one run on the same model and
+cap:
 
-* pinned host-to-device and device-to-host bandwidth, measured first;
-* the step time (forward + backward, until the gradients are in host memory; the host
-  optimizer step is the same for every wrapper and is left out) of the in-device
-  baseline where the model fits without the budget, of ours, and then of fairscale's
-  OffloadModel on the same model and slices (only when ``import fairscale`` works; an
+* pinned host-to-device and device-to-host bandwidth, measured first, and the copy floor
+  they set: a step loads every parameter twice (forward, then backward) and stores every
+  gradient once; with loads and stores on separate copy engines forward plus backward
+  cannot be shorter than the longer direction (the loads);
+* forward plus backward (what offload controls, until the gradients are in host memory)
+  of the in-device baseline where the model fits without the budget (plain, and every
+  block checkpointed over the micro-batches: the compute ours must do), of ours, then of
+  today's peers on the same blocks: FSDP2 with ``CPUOffloadPolicy`` (one unit per block,
+  world size 1), fairscale's OffloadModel (only when ``import fairscale`` works; an
   out-of-memory error under the budget is recorded, and it is timed again under
-  ``--fairscale-retry-gib``: see ``_offload_compare.py``);
-* throughput against fairscale (target >= 2.5x) and overlap efficiency, defined as
-  max(compute time, transfer time at the measured bandwidth) / step time (target >= 0.85).
+  ``--fairscale-retry-gib``: see ``_offload_compare.py``) and DeepSpeed ZeRO-3 with
+  parameters and optimizer offloaded to the host (where ``import deepspeed`` works; in a
+  child process with a time limit): see ``_offload_peers.py``. A peer that cannot run
+  is recorded with the reason, never a crash;
+* the full step: the same host optimizer (SGD) for every wrapper, its time apart;
+* a top-level ``summary`` (``step_over_floor``, ``overlap_efficiency``,
+  ``allocator_retries``, ``fsdp2_step_ratio``, ``fairscale_speedup``, ``device``) and the
+  targets, printed met or missed: forward plus backward <= 1.15x the copy floor; overlap
+  efficiency, max(compute, loads, stores) / forward plus backward, >= 0.85; no CUDA
+  allocator retries during our steps; faster than FSDP2; >= 2.5x fairscale.
+
+``--smoke`` runs the same path on the host with a tiny model and no cap (CI and tests:
+the JSON and its summary keys; figures that need a GPU are null, with a reason).
 
 On a backend without streams (the host), device and offload device are both the host:
 the script reports the wrapper's own overhead, the median step time (forward, backward,
@@ -22,15 +37,17 @@ With ``--host-copies LABEL`` it reports instead, per training step, the host cop
 by pinning and the host memory allocated for transfers (see ``_host_copies.py``).
 
 Usage: python benchmarks/bench_offload.py [--backend NAME] [--steps N] [--budget-gib G]
+       python benchmarks/bench_offload.py --smoke [--results-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +55,7 @@ import torch
 from _offload_compare import OUT_OF_MEMORY, release_memory, speedup_target, time_under_caps
 from _report import print_table, write_results
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import accel
 from accel import Accelerator
@@ -46,6 +64,9 @@ from offload import OffloadModel
 CPU_OVERHEAD_TARGET = 1.05
 FAIRSCALE_SPEEDUP_TARGET = 2.5
 OVERLAP_TARGET = 0.85
+FLOOR_TARGET = 1.15
+#: The smoke run's model: small enough for CI's two shared cores.
+SMOKE_MODEL = {"blocks": 4, "width": 32, "tokens": 16, "microbatches": 2, "steps": 2}
 
 
 def block(width: int, hidden: int) -> nn.Sequential:
@@ -198,9 +219,81 @@ def allocator_retries(backend: Accelerator) -> int | None:
     return None
 
 
+def timed_training(
+    backend: Accelerator,
+    forward_backward: Callable[[], None],
+    optimizer_step: Callable[[], None],
+    steps: int,
+) -> dict[str, list[float]]:
+    """Time forward plus backward, then the host optimizer's step (and zero_grad) apart."""
+    forward_backward()  # warm-up (allocations, pinning of gradient buffers, cuBLAS handles)
+    optimizer_step()
+    times: dict[str, list[float]] = {"forward_backward": [], "optimizer": []}
+    for _ in range(steps):
+        backend.synchronize()
+        start = time.perf_counter()
+        forward_backward()
+        backend.synchronize()
+        middle = time.perf_counter()
+        optimizer_step()
+        backend.synchronize()
+        times["forward_backward"].append(middle - start)
+        times["optimizer"].append(time.perf_counter() - middle)
+    return times
+
+
+def host_optimizer(parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer every wrapper steps with, on the host: SGD, the cheapest pass."""
+    return torch.optim.SGD(parameters, lr=1e-6)
+
+
+def train(
+    backend: Accelerator, model: nn.Module, x: torch.Tensor, steps: int
+) -> dict[str, list[float]]:
+    """Time ``model`` on ``x`` with the host optimizer (forward plus backward, then the step)."""
+    optimizer = host_optimizer(model.parameters())
+
+    def forward_backward() -> None:
+        model(x).square().mean().backward()
+
+    def optimizer_step() -> None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return timed_training(backend, forward_backward, optimizer_step, steps)
+
+
+def copy_floor(model_bytes: int, h2d: float, d2h: float) -> dict[str, float]:
+    """The shortest forward plus backward the copies allow, at the measured bandwidth.
+
+    A step moves every parameter to the device twice (forward, then backward) and every
+    gradient back once; with loads and stores on separate copy engines the step cannot be
+    shorter than the longer of the two directions (the loads, at equal bandwidth).
+    """
+    loads, stores = 2 * model_bytes / h2d, model_bytes / d2h
+    return {
+        "load_bytes": 2 * model_bytes,
+        "store_bytes": model_bytes,
+        "loads_s": loads,
+        "stores_s": stores,
+        "floor_s": max(loads, stores),
+    }
+
+
+def _median(times: dict[str, list[float]] | None, key: str = "forward_backward") -> float | None:
+    return statistics.median(times[key]) if times else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return numerator / denominator if numerator and denominator else None
+
+
 def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
+    began = time.monotonic()
     device = backend.device()
-    if backend.device_type == "cuda":
+    cuda = backend.device_type == "cuda"
+    smoke = bool(getattr(args, "smoke", False))
+    if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     budget = int(args.budget_gib * 2**30)
@@ -208,37 +301,58 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
     tokens, slices, micro = args.tokens, args.slices or blocks, args.microbatches
     reference = make_model(blocks, width, hidden)
     model_bytes = parameter_bytes(reference)
-    if model_bytes < args.min_ratio * budget:
+    if not smoke and model_bytes < args.min_ratio * budget:
         raise SystemExit(
             f"model of {model_bytes / 2**30:.1f} GiB is not {args.min_ratio}x the budget of "
             f"{args.budget_gib} GiB; raise --blocks or lower --budget-gib"
         )
     x = torch.randn(tokens, width, generator=torch.Generator().manual_seed(1))
 
-    h2d, d2h = bandwidth(backend, min(1 << 30, budget // 4))
+    h2d, d2h = bandwidth(backend, max(1 << 20, min(1 << 30, budget // 4)))
+    floor = copy_floor(model_bytes, h2d, d2h)
     print(f"pinned bandwidth: host->device {h2d / 1e9:.1f} GB/s, device->host {d2h / 1e9:.1f} GB/s")
 
     results: dict[str, list[float]] = {}
+    training: dict[str, dict[str, list[float]]] = {}
 
-    # In-device baseline: only without the budget, and only where it fits.
+    # In-device baseline: only without the budget, and only where it fits. Plain, and
+    # with every block checkpointed over the micro-batches (the compute ours must do).
+    baseline: nn.Sequential | None = None
     try:
         baseline = copy.deepcopy(reference).to(device)
         x_device = x.to(device)
 
         def baseline_step() -> None:
+            assert baseline is not None
             baseline(x_device).square().mean().backward()
             baseline.zero_grad(set_to_none=True)
 
+        def checkpointed_step() -> None:
+            assert baseline is not None
+            for chunk in x_device.chunk(micro):
+                hidden_state: Any = chunk
+                for layer in baseline:
+                    hidden_state = checkpoint(layer, hidden_state, use_reentrant=False)
+                hidden_state.square().mean().backward()
+            baseline.zero_grad(set_to_none=True)
+
         results["in-device baseline (no budget)"] = timed_steps(backend, baseline_step, args.steps)
+        results["in-device, checkpointed micro-batches (no budget)"] = timed_steps(
+            backend, checkpointed_step, args.steps
+        )
     except OUT_OF_MEMORY:
         print("the in-device baseline does not fit; compute time is estimated per slice")
     finally:
-        baseline = None  # type: ignore[assignment]
+        baseline = None
         release_memory(backend)  # and the pinned bandwidth buffer, cached by torch
 
-    limit_device_memory(backend, budget)
+    def set_cap(gib: float) -> None:
+        if not smoke:  # the host has no device memory to cap
+            limit_device_memory(backend, int(gib * 2**30))
 
-    # Ours first: fairscale may run out of memory under the cap, and must not take our
+    set_cap(args.budget_gib)
+
+    # Ours first: a peer may run out of memory under the cap, and must not take our
     # figures with it.
     ours = OffloadModel(
         copy.deepcopy(reference),
@@ -247,15 +361,9 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         num_microbatches=micro,
         backend=backend,
     )
-
-    def ours_step(model: nn.Module = ours) -> None:
-        model(x).square().mean().backward()
-        model.zero_grad(set_to_none=True)
-
     backend.reset_peak_memory_stats()
     retries_before = allocator_retries(backend)
-    results["offload.OffloadModel"] = timed_steps(backend, ours_step, args.steps)
-    del ours_step
+    training["offload.OffloadModel"] = train(backend, ours, x, args.steps)
     peak = backend.max_memory_allocated()
     retries = allocator_retries(backend)
     if retries is not None and retries_before is not None:
@@ -263,62 +371,139 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
     del ours
     host_cache = release_memory(backend)
 
-    fairscale_times, fairscale = compare_fairscale(backend, reference, x, args, slices, micro)
+    def left_s() -> float:
+        """Seconds left before ``--deadline-s`` (infinite without one)."""
+        deadline = getattr(args, "deadline_s", 0.0) or float("inf")
+        return deadline - (time.monotonic() - began)
+
+    def out_of_time() -> dict[str, Any]:
+        return {
+            "result": f"not attempted: past the run's deadline ({args.deadline_s:g} s), "
+            "so that the figures already taken are written"
+        }
+
+    fsdp2_times, fsdp2 = (
+        compare_fsdp2(backend, reference, x, args) if left_s() > 0 else (None, out_of_time())
+    )
+    if fsdp2_times is not None:
+        training["FSDP2 CPUOffloadPolicy"] = fsdp2_times
+    print(f"FSDP2 with CPUOffloadPolicy: {fsdp2['result']}")
+
+    fairscale_times, fairscale = (
+        compare_fairscale(backend, reference, x, args, slices, micro)
+        if left_s() > 0
+        else (None, out_of_time())
+    )
     if fairscale_times is not None:
-        results["fairscale OffloadModel"] = fairscale_times
+        training["fairscale OffloadModel"] = fairscale_times
     print(f"fairscale OffloadModel: {fairscale['result']}")
 
+    deepspeed = compare_deepspeed(backend, args, left_s()) if left_s() > 0 else out_of_time()
+    if "forward_backward" in deepspeed:
+        training["DeepSpeed ZeRO-3 offload"] = {
+            key: deepspeed.pop(key) for key in ("forward_backward", "optimizer")
+        }
+    print(f"DeepSpeed ZeRO-3 offload: {deepspeed['result']}")
+
+    for name, times in training.items():
+        results[name] = times["forward_backward"]
     medians = {name: statistics.median(values) for name, values in results.items()}
+    optimizer_medians = {
+        name: statistics.median(times["optimizer"]) for name, times in training.items()
+    }
     step_time = medians["offload.OffloadModel"]
-    if "in-device baseline (no budget)" in medians:
-        compute = medians["in-device baseline (no budget)"]
-        compute_source = "in-device baseline"
-    else:
-        compute = float("nan")
-        compute_source = "unavailable"
-    # Per step: every slice comes in for forward and (but the two still resident) for
-    # backward; every slice's gradients go out. One copy stream serialises both ways.
+    plain = medians.get("in-device baseline (no budget)", float("nan"))
+    compute = medians.get("in-device, checkpointed micro-batches (no budget)", plain)
+    # One copy stream (the code measured on 2026-11-27) serialises both ways; the two
+    # slices still resident at the turn are not loaded again.
     slice_bytes = model_bytes / slices
-    h2d_bytes = 2 * model_bytes - 2 * slice_bytes
-    transfer = h2d_bytes / h2d + model_bytes / d2h
-    overlap = max(compute, transfer) / step_time
-    rows = [
-        (name, f"{median * 1e3:.1f} ms", f"{tokens / median:,.0f} tokens/s")
-        for name, median in medians.items()
-    ]
+    transfer_one_stream = (2 * model_bytes - 2 * slice_bytes) / h2d + model_bytes / d2h
+    overlap_one_stream = max(plain, transfer_one_stream) / step_time
+    # Without the in-device baseline (it did not fit) the copies alone bound the step.
+    busiest = [t for t in (compute, floor["loads_s"], floor["stores_s"]) if t == t]  # not NaN
+    overlap = max(busiest) / step_time
+    over_floor = step_time / floor["floor_s"]
+
+    rows = []
+    for name, median in medians.items():
+        optimizer_s = optimizer_medians.get(name)
+        rows.append(
+            (
+                name,
+                f"{median * 1e3:.1f} ms",
+                "-" if smoke else f"{median / floor['floor_s']:.2f}x",
+                f"{step_time / median:.2f}" if name in training else "-",
+                "-" if optimizer_s is None else f"{optimizer_s * 1e3:.1f} ms",
+                "-" if optimizer_s is None else f"{(median + optimizer_s) * 1e3:.1f} ms",
+            )
+        )
+    cap_text = (
+        "none (a smoke run on the host)"
+        if smoke
+        else f"{args.budget_gib} GiB ({model_bytes / budget:.1f}x smaller than the model)"
+    )
     print(
         f"\nbackend: {backend.name}; model: {blocks} blocks, width {width}, "
-        f"{model_bytes / 2**30:.1f} GiB of float32 parameters; device budget "
-        f"{args.budget_gib} GiB ({model_bytes / budget:.1f}x smaller than the model); "
+        f"{model_bytes / 2**30:.1f} GiB of float32 parameters; device budget {cap_text}; "
         f"{slices} slices, {micro} micro-batches, checkpointed; {tokens} tokens per step; "
         f"peak device memory {peak / 2**30:.2f} GiB; allocator retries during our steps: "
-        f"{retries}\n"
+        f"{retries}; host optimizer: SGD, timed apart\n"
     )
-    print_table(("variant", "median step (fwd+bwd)", "throughput"), rows)
-    summary = [
-        ("transfer time at measured bandwidth", f"{transfer * 1e3:.1f} ms", "-", "-"),
-        (f"compute time ({compute_source})", f"{compute * 1e3:.1f} ms", "-", "-"),
-        ("overlap efficiency", f"{overlap:.3f}", f">= {OVERLAP_TARGET}", overlap >= OVERLAP_TARGET),
-    ]
-    targets: dict[str, Any] = {
-        "overlap_efficiency": {
-            "value": overlap,
-            "target": OVERLAP_TARGET,
-            "met": overlap >= OVERLAP_TARGET,
-        }
+    print_table(
+        ("variant", "fwd+bwd", "vs copy floor", "ours over it", "optimizer", "full step"),
+        rows,
+    )
+
+    fsdp2_ratio = _ratio(step_time, medians.get("FSDP2 CPUOffloadPolicy"))
+    fairscale_speedup = _ratio(medians.get("fairscale OffloadModel"), step_time)
+    reasons: dict[str, str] = {}
+    summary: dict[str, Any] = {
+        "step_over_floor": None if smoke else over_floor,
+        "overlap_efficiency": None if smoke else overlap,
+        "allocator_retries": retries,
+        "fsdp2_step_ratio": fsdp2_ratio,
+        "fairscale_speedup": fairscale_speedup,
+        "device": torch.cuda.get_device_name(device) if cuda else backend.name,
     }
-    if fairscale["result"] != "not installed":
-        speedup = speedup_target(
-            medians.get("fairscale OffloadModel"), step_time, fairscale, FAIRSCALE_SPEEDUP_TARGET
+    if smoke:
+        for key in ("step_over_floor", "overlap_efficiency"):
+            reasons[key] = "No GPU: on the host nothing is copied, so there is no copy floor."
+    if retries is None:
+        reasons["allocator_retries"] = (
+            f"The {backend.device_type} backend has no allocator retry counter (CUDA's only)."
         )
-        shown = "-" if speedup["value"] is None else f"{speedup['value']:.2f}x"
-        met = "NOT PROVEN" if speedup["met"] is None else speedup["met"]
-        summary.append(("throughput vs fairscale", shown, f">= {FAIRSCALE_SPEEDUP_TARGET}x", met))
-        targets["speedup_vs_fairscale"] = speedup
-    print()
-    print_table(("measure", "value", "target", "met"), summary)
+    if fsdp2_ratio is None:
+        reasons["fsdp2_step_ratio"] = f"FSDP2: {fsdp2['result']}."
+    if fairscale_speedup is None:
+        reasons["fairscale_speedup"] = f"fairscale: {fairscale['result']}."
+    summary["reasons"] = reasons
+
+    targets: dict[str, Any] = {}
+    if not smoke:
+        targets = device_targets(
+            over_floor, overlap, retries, fsdp2_ratio, medians, step_time, fairscale
+        )
+        print()
+        print_table(
+            ("measure", "value", "target", "met"),
+            [
+                ("copy floor (loads, separate copy engines)", f"{floor['floor_s'] * 1e3:.1f} ms",
+                 "-", "-"),
+                ("compute time (in-device, checkpointed)", f"{compute * 1e3:.1f} ms", "-", "-"),
+                *[
+                    (
+                        name,
+                        "-" if t["value"] is None else f"{t['value']:.3f}",
+                        t["target"],
+                        "NOT PROVEN" if t["met"] is None else ("met" if t["met"] else "missed"),
+                    )
+                    for name, t in targets.items()
+                ],
+            ],
+        )  # fmt: skip
     return {
-        "mode": "device throughput",
+        "mode": "smoke (host, tiny model)" if smoke else "device throughput",
+        "summary": summary,
         "model": {
             "blocks": blocks,
             "width": width,
@@ -328,18 +513,159 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
             "slices": slices,
             "microbatches": micro,
         },
-        "budget_bytes": budget,
+        "budget_bytes": None if smoke else budget,
         "bandwidth_bytes_per_s": {"h2d": h2d, "d2h": d2h},
+        "copy_floor": floor,
         "median_step_s": medians,
+        "median_optimizer_s": optimizer_medians,
+        "host_optimizer": "torch.optim.SGD(lr=1e-6), the same for every wrapper",
         "step_times_s": results,
+        "optimizer_times_s": {name: t["optimizer"] for name, t in training.items()},
         "peak_device_bytes": peak,
         "allocator_retries_during_ours": retries,
+        "fsdp2": fsdp2,
         "fairscale": fairscale,
+        "deepspeed": deepspeed,
         "host_cache_release": host_cache,
-        "transfer_time_s": transfer,
+        "transfer_time_s": transfer_one_stream,
+        "overlap_efficiency_one_stream": overlap_one_stream,
         "compute_time_s": compute,
         "targets": targets,
     }
+
+
+def device_targets(
+    over_floor: float,
+    overlap: float,
+    retries: int | None,
+    fsdp2_ratio: float | None,
+    medians: dict[str, float],
+    step_time: float,
+    fairscale: dict[str, Any],
+) -> dict[str, Any]:
+    """Every target of a device run; ``met`` is ``None`` where nothing was measured."""
+    targets: dict[str, Any] = {
+        "step_over_floor": {
+            "value": over_floor,
+            "target": f"<= {FLOOR_TARGET}",
+            "met": over_floor <= FLOOR_TARGET,
+        },
+        "overlap_efficiency": {
+            "value": overlap,
+            "target": OVERLAP_TARGET,
+            "met": overlap >= OVERLAP_TARGET,
+        },
+        "allocator_retries": {
+            "value": retries,
+            "target": 0,
+            "met": None if retries is None else retries == 0,
+        },
+        "faster_than_fsdp2": {
+            "value": fsdp2_ratio,
+            "target": "< 1 (ours over FSDP2's forward plus backward)",
+            "met": None if fsdp2_ratio is None else fsdp2_ratio < 1,
+        },
+    }
+    if fairscale["result"] != "not installed":
+        targets["speedup_vs_fairscale"] = speedup_target(
+            medians.get("fairscale OffloadModel"), step_time, fairscale, FAIRSCALE_SPEEDUP_TARGET
+        )
+    return targets
+
+
+def compare_fsdp2(
+    backend: Accelerator, reference: nn.Sequential, x: torch.Tensor, args: argparse.Namespace
+) -> tuple[dict[str, list[float]] | None, dict[str, Any]]:
+    """Time FSDP2 with CPU offload under the cap; a refusal or out-of-memory is its result."""
+    from _offload_peers import PIN_REFUSAL, build_fsdp2, first_line, single_process_group
+
+    device = backend.device()
+    record: dict[str, Any] = {"units": "one per block, each block checkpointed; the whole batch"}
+    model: nn.Module | None = None
+    try:
+        with single_process_group(device.type):
+            try:
+                model = build_fsdp2(reference, device)
+                record["pin_memory"] = True
+            except RuntimeError as exc:
+                if PIN_REFUSAL not in str(exc) or backend.device_type == "cuda":
+                    raise
+                # The host without an accelerator: torch cannot pin. Same code, unpinned.
+                record["pinned_refusal"] = first_line(exc)
+                model = build_fsdp2(reference, device, pin_memory=False)
+                record["pin_memory"] = False
+            backend.reset_peak_memory_stats()
+            before = allocator_retries(backend)
+            times = train(backend, model, x.to(device), args.steps)
+            after = allocator_retries(backend)
+            record["peak_device_bytes"] = backend.max_memory_allocated()
+            if before is not None and after is not None:
+                record["allocator_retries"] = after - before
+    except OUT_OF_MEMORY as exc:
+        record["result"] = f"out of memory under the {args.budget_gib:g} GiB cap"
+        record["error"] = first_line(exc)
+        times = None
+    except Exception as exc:  # a peer's failure is a result, never the run's end
+        record["result"] = f"failed: {first_line(exc)}"
+        times = None
+    else:
+        record["result"] = "timed" if record["pin_memory"] else "timed with unpinned shards"
+    finally:
+        model = None
+        release_memory(backend)
+    return times, record
+
+
+def compare_deepspeed(
+    backend: Accelerator, args: argparse.Namespace, left_s: float = float("inf")
+) -> dict[str, Any]:
+    """Time DeepSpeed ZeRO-3 with CPU offload in a child process, where it can run at all."""
+    from _offload_peers import deepspeed_status, run_deepspeed_child
+
+    why_not = deepspeed_status(backend.device_type)
+    if why_not is not None:
+        return {"result": why_not}
+    options = [
+        "--backend", backend.name, "--steps", str(args.steps),
+        "--budget-gib", str(args.budget_gib), "--blocks", str(args.blocks),
+        "--width", str(args.width), "--tokens", str(args.tokens),
+    ]  # fmt: skip
+    timeout_s = min(args.deepspeed_timeout_s, left_s)
+    record = run_deepspeed_child(Path(__file__), options, timeout_s)
+    record.setdefault("timeout_s", timeout_s)
+    return record
+
+
+def deepspeed_peer(backend: Accelerator, args: argparse.Namespace) -> None:
+    """The child process of ``compare_deepspeed``: print one JSON line with the times."""
+    from _offload_peers import deepspeed_engine
+
+    device = backend.device()
+    if backend.device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    x = torch.randn(args.tokens, args.width, generator=torch.Generator().manual_seed(1))
+    limit_device_memory(backend, int(args.budget_gib * 2**30))
+    record: dict[str, Any] = {}
+    before = allocator_retries(backend)
+    try:
+        engine = deepspeed_engine(
+            lambda: make_model(args.blocks, args.width, 4 * args.width), host_optimizer
+        )
+        inputs = x.to(device)
+
+        def forward_backward() -> None:
+            engine.backward(engine(inputs).square().mean())
+
+        times = timed_training(backend, forward_backward, engine.step, args.steps)
+        record.update(times)
+        record["result"] = "timed"
+    except OUT_OF_MEMORY as exc:
+        record["result"] = f"out of memory under the {args.budget_gib:g} GiB cap: {exc}"[:300]
+    after = allocator_retries(backend)
+    record["peak_device_bytes"] = backend.max_memory_allocated()
+    if before is not None and after is not None:
+        record["allocator_retries"] = after - before
+    print(json.dumps(record))
 
 
 def compare_fairscale(
@@ -349,7 +675,7 @@ def compare_fairscale(
     args: argparse.Namespace,
     slices: int,
     micro: int,
-) -> tuple[list[float] | None, dict[str, Any]]:
+) -> tuple[dict[str, list[float]] | None, dict[str, Any]]:
     """Time fairscale's OffloadModel under the cap, then a raised cap if it runs out."""
     try:
         from fairscale.experimental.nn.offload import OffloadModel as FairscaleOffload
@@ -367,19 +693,16 @@ def compare_fairscale(
             num_microbatches=micro,
         )
 
-    def time_steps(theirs: nn.Module) -> list[float]:
-        def fairscale_step() -> None:
-            theirs(x.to(device)).square().mean().backward()
-            theirs.zero_grad(set_to_none=True)
-
-        return timed_steps(backend, fairscale_step, args.steps)
+    def time_steps(theirs: nn.Module) -> dict[str, list[float]]:
+        return train(backend, theirs, x.to(device), args.steps)
 
     caps = [args.budget_gib] + ([args.fairscale_retry_gib] if args.fairscale_retry_gib else [])
+    smoke = bool(getattr(args, "smoke", False))
     return time_under_caps(
         caps,
         build,
         time_steps,
-        lambda cap: limit_device_memory(backend, int(cap * 2**30)),
+        lambda cap: None if smoke else limit_device_memory(backend, int(cap * 2**30)),
         lambda: release_memory(backend),
     )
 
@@ -408,8 +731,8 @@ def host_copies(label: str) -> None:
     print(f"\nwrote {path}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--backend", default=None, help="backend name (default: auto)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps (20 host, 5 device)")
     parser.add_argument("--budget-gib", type=float, default=3.0, help="device memory allowed")
@@ -420,6 +743,19 @@ def main() -> None:
         default=6.0,
         help="cap for a second fairscale run if it runs out of memory under --budget-gib "
         "(0: no second run)",
+    )
+    parser.add_argument(
+        "--deepspeed-timeout-s",
+        type=float,
+        default=150.0,
+        help="time allowed to DeepSpeed's child process, start and steps included",
+    )
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=0.0,
+        help="start no peer after this many seconds, so a run with a time limit still "
+        "writes its JSON (0: no deadline)",
     )
     parser.add_argument("--blocks", type=int, default=24, help="MLP blocks (device mode)")
     parser.add_argument("--width", type=int, default=4096, help="model width (device mode)")
@@ -435,19 +771,44 @@ def main() -> None:
         metavar="LABEL",
         help="report host memory and host copies per step instead, labelled LABEL",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the device comparison on the host with a tiny model (CI: the JSON's keys)",
+    )
+    parser.add_argument(
+        "--results-dir", type=Path, default=None, help="write the JSON here (default: results/)"
+    )
+    parser.add_argument("--peer", choices=["deepspeed"], default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.host_copies:
         host_copies(args.host_copies)
         return
-    backend = accel.get_backend(args.backend)
-    if backend.supports_streams:
+    if args.peer == "deepspeed":  # the child process of compare_deepspeed
         args.steps = args.steps or 5
+        deepspeed_peer(accel.get_backend(args.backend), args)
+        return
+    if args.smoke:
+        for name, value in SMOKE_MODEL.items():
+            setattr(args, name, value)
+        torch.set_num_threads(max(1, args.threads))
+        backend = accel.get_backend(args.backend or "cpu")
         payload = device_mode(backend, args)
+        name = "offload-smoke"
     else:
-        args.steps = args.steps or 20
-        payload = cpu_mode(backend, args)
-    path = write_results("offload", backend.name, payload)
+        backend = accel.get_backend(args.backend)
+        name = "offload"
+        if backend.supports_streams:
+            args.steps = args.steps or 5
+            payload = device_mode(backend, args)
+        else:
+            args.steps = args.steps or 20
+            payload = cpu_mode(backend, args)
+    path = write_results(name, backend.name, payload, args.results_dir)
     print(f"\nwrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
 
 

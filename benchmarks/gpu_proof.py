@@ -10,18 +10,26 @@ printed as granted), within ``--budget-s`` (540 s) in all:
    --no-index -e .``; see ``_proof_install.py``);
 3. ``plugins``: ``python -m accel --json`` lists ``cuda``;
 4. ``fairscale``: fairscale 0.4.13 (and numpy where missing) from ``--wheels``;
+   ``deepspeed``: DeepSpeed and its requirements from ``--wheels`` where a DeepSpeed
+   wheel is there (optional: without it bench_offload records DeepSpeed as not
+   installed, and nothing fails);
 5. ``bench-offload`` first among the GPU steps (the main result: nothing before it can
-   eat its time), then ``bench-checkpoint`` on a GPU-sized model;
+   eat its time; ours against the copy floor, FSDP2 with CPU offload, fairscale and
+   DeepSpeed ZeRO-3 on the same model and cap), then ``bench-checkpoint`` on a GPU-sized
+   model;
 6. ``conformance`` (``python -m accel conformance cuda``, time for cold triton compiles)
    and ``cuda-tests`` (``pytest tests --accel=cuda -k cuda``).
 
-``--part bench`` or ``--part tests`` runs the setup steps and one half, for a machine
-whose commands stop at 10 minutes. Every step runs with ``PYTHONPATH`` at the repository
-root, its JSON is read from its stdout alone, and a step's failure never stops the next.
+``--part offload`` (bench-offload alone), ``--part bench`` or ``--part tests`` runs the
+setup steps and a part, for a machine whose commands stop at 10 minutes. Every step runs
+with ``PYTHONPATH`` at the repository root, its JSON is read from its stdout alone, and a
+step's failure never stops the next.
 The summary reads the JSON each benchmark wrote and prints each target met, MISSED or NOT
 PROVEN; the proof fails on either of the last two (``--without-fairscale`` declares the
 fairscale comparison expected to be absent). ``--dry-run`` runs every step on CPU, the
-CUDA ones reporting "skipped: no GPU", and lists the wheels to bring and each budget.
+CUDA ones reporting "skipped: no GPU" but bench-offload, which runs its smoke run (a tiny
+model on the host; its JSON must hold every summary key), and lists the wheels to bring
+and each budget.
 Results: ``benchmarks/results/gpu-proof-<cuda|dry-run>-<part>-<date>.json``.
 """
 
@@ -57,13 +65,18 @@ LIMITS = {
     "install": 120,
     "plugins": 60,
     "fairscale": 60,
-    "bench-offload": 200,
+    "deepspeed": 90,
+    # Ours, FSDP2, fairscale (twice: out of memory under 3 GiB) and DeepSpeed where
+    # installed (its child process stops at 150 s), each with the host optimizer: the
+    # first run, without FSDP2, DeepSpeed or the optimizer, took 117 s.
+    "bench-offload": 420,
     "bench-checkpoint": 120,
     "conformance": 240,  # a cold triton compile per compiled test
     "cuda-tests": 240,
 }
-SETUP = ("environment", "install", "plugins", "fairscale")
+SETUP = ("environment", "install", "plugins", "fairscale", "deepspeed")
 PARTS = {
+    "offload": ("bench-offload",),
     "bench": ("bench-offload", "bench-checkpoint"),
     "tests": ("conformance", "cuda-tests"),
 }
@@ -277,8 +290,62 @@ def step_fairscale(runner: Runner, step: Step) -> None:
         step.reason = f"fairscale {last_json(done.stdout)['fairscale']} from {chosen[0].name}"
 
 
+def step_deepspeed(runner: Runner, step: Step) -> None:
+    wheels = Path(runner.args.wheels)
+    step.limit_s = LIMITS[step.name]
+    found = sorted(wheels.glob("deepspeed-*.whl")) if wheels.is_dir() else []
+    if not found:
+        step.status = "skipped"
+        step.reason = (
+            f"no deepspeed wheel in {wheels}/: bench-offload records DeepSpeed as not "
+            "installed (optional)"
+        )
+        return
+    pip = [runner.python, "-m", "pip", "install", "--no-index", "--find-links", str(wheels)]
+    done = runner.run(step, [*pip, str(found[-1])])
+    if done is not None and done.returncode == 0:
+        step.reason = f"{found[-1].name} and its requirements from {wheels}/"
+    elif done is not None:
+        # Optional: bench-offload records the import's failure as DeepSpeed's result.
+        step.status = "skipped"
+        step.reason = f"pip could not install {found[-1].name} with no index (optional)"
+
+
+#: What a dry run runs on CPU in a GPU step's place: the same script's smoke run, whose
+#: JSON (in the run's temporary folder) must carry every summary key.
+DRY_RUN_STEPS: dict[str, list[str]] = {
+    "bench-offload": [
+        "{python}", "benchmarks/bench_offload.py", "--smoke", "--results-dir", "{workdir}",
+    ],
+}  # fmt: skip
+SUMMARY_KEYS = (
+    "step_over_floor", "overlap_efficiency", "allocator_retries", "fsdp2_step_ratio",
+    "fairscale_speedup", "device",
+)  # fmt: skip
+
+
+def smoke_step(runner: Runner, step: Step) -> None:
+    """A GPU step's smoke run on CPU (dry run): the script runs and its summary is whole."""
+    command = DRY_RUN_STEPS[step.name]
+    fill = {"{python}": runner.python, "{workdir}": str(runner.workdir)}
+    done = runner.run(step, [fill.get(c, c) for c in command])
+    if done is None or done.returncode != 0:
+        return
+    written = sorted(runner.workdir.glob("offload-smoke-*.json"))
+    summary = json.loads(written[-1].read_text()).get("summary", {}) if written else {}
+    missing = [key for key in SUMMARY_KEYS if key not in summary]
+    if missing:
+        step.status = "failed"
+        step.reason = f"the smoke run's JSON lacks the summary keys {', '.join(missing)}"
+        return
+    step.reason = "dry run: the smoke run on the host wrote every summary key"
+
+
 def gpu_step(command: list[str]) -> Callable[[Runner, Step], None]:
     def body(runner: Runner, step: Step) -> None:
+        if not runner.has_gpu and runner.args.dry_run and step.name in DRY_RUN_STEPS:
+            smoke_step(runner, step)
+            return
         if not runner.has_gpu:
             step.command = command
             step.limit_s = min(LIMITS[step.name], max(0, round(runner.remaining() - 5)))
@@ -297,7 +364,10 @@ def gpu_step(command: list[str]) -> Callable[[Runner, Step], None]:
 
 
 GPU_STEPS: dict[str, list[str]] = {
-    "bench-offload": ["{python}", "benchmarks/bench_offload.py", "--backend", "cuda"],
+    # No peer starts after 300 s of the step's 420: the figures taken are always written.
+    "bench-offload": [
+        "{python}", "benchmarks/bench_offload.py", "--backend", "cuda", "--deadline-s", "300",
+    ],
     "bench-checkpoint": [
         "{python}", "benchmarks/bench_checkpoint.py", "--backend", "cuda",
         *CHECKPOINT_GPU_CONFIG,
@@ -381,11 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         "install": step_install,
         "plugins": step_plugins,
         "fairscale": step_fairscale,
+        "deepspeed": step_deepspeed,
         **{name: gpu_step(command) for name, command in GPU_STEPS.items()},
     }
     try:
         for name in [*SETUP, *PARTS[args.part]]:
-            if name == "fairscale" and "bench-offload" not in PARTS[args.part]:
+            if name in ("fairscale", "deepspeed") and "bench-offload" not in PARTS[args.part]:
                 continue
             runner.step(name, lambda step, body=bodies[name]: body(runner, step))
     finally:
