@@ -17,9 +17,9 @@ from torch import nn
 from accel import Accelerator
 
 from ._args import resolve_backend, validate_budget
-from .planner import plan_checkpointing
 from ._caches import switch_off_kv_cache
 from ._wrapper import CheckpointWrapper, checkpoint_wrapper
+from .planner import plan_checkpointing
 
 __all__ = ["apply_activation_checkpointing"]
 

@@ -175,9 +175,7 @@ class _KeptCallsGuard(TorchDispatchMode):
                 raise self._mismatch(func, "draws random numbers after a kept draw")
         if kept and not written:
             self.kept_storages.update(
-                storage_key(t)
-                for t in tree_leaves(out)
-                if isinstance(t, torch.Tensor)
+                storage_key(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)
             )
         return out
 

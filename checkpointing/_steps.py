@@ -12,7 +12,6 @@ from torch.utils._pytree import tree_flatten
 
 from accel import Accelerator
 
-
 __all__ = [
     "backward",
     "call_model",

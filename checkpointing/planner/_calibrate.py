@@ -152,7 +152,7 @@ def rates_cache_path(backend: Accelerator) -> Path:
 def _device_name(backend: Accelerator) -> str:
     try:
         return str(backend.device_name())
-    except Exception:  # noqa: BLE001 - a backend without a name for its device
+    except Exception:
         return backend.name
 
 
@@ -175,9 +175,7 @@ def default_rates(backend: Accelerator) -> DeviceRates:
     return builtin_rates(backend.device_type)
 
 
-def calibrate_rates(
-    backend: Accelerator | str | None = None, *, save: bool = False
-) -> DeviceRates:
+def calibrate_rates(backend: Accelerator | str | None = None, *, save: bool = False) -> DeviceRates:
     """Measure the cost model's rates on ``backend``'s device (see the module docstring).
 
     Args:

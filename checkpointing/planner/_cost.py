@@ -262,7 +262,9 @@ def operator_cost(
     name = str(func)
     flops = _flops(func, args, kwargs, out)
     inputs = sum(tensor_bytes(t) for t in tree_flatten((args, kwargs))[0] if _is_tensor(t))
-    mutates = any(arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments)
+    mutates = any(
+        arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments
+    )
     if fresh_bytes == 0 and not mutates:
         return rates.call_seconds  # a view, an alias, a metadata query: nothing moves
     moved = inputs + fresh_bytes

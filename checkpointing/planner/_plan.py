@@ -38,7 +38,8 @@ FORMAT = "accel.checkpoint-plan/1"
 
 def structure_of(model: nn.Module) -> tuple[str, ...]:
     """What a plan checks a model against: each module's name and class, each
-    parameter's and buffer's name, shape and dtype, in definition order."""
+    parameter's and buffer's name, shape and dtype, in definition order.
+    """
     lines = [f"{name or '(model)'}: {type(module).__qualname__}" for name, module in _plain(model)]
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         dtype = str(tensor.dtype).removeprefix("torch.")
@@ -164,8 +165,12 @@ class CheckpointPlan:
                         if want != got
                     ),
                     (
-                        self.structure[len(found)] if len(found) < len(self.structure) else "nothing",
-                        found[len(self.structure)] if len(found) > len(self.structure) else "nothing",
+                        self.structure[len(found)]
+                        if len(found) < len(self.structure)
+                        else "nothing",
+                        found[len(self.structure)]
+                        if len(found) > len(self.structure)
+                        else "nothing",
                     ),
                 )
                 raise ValueError(
@@ -336,7 +341,11 @@ class CheckpointPlan:
             f"({fraction:.2f}x; budget {_mib(self.budget_bytes)}); step time "
             f"{self.estimated_step_time_ratio:.2f}x the plain step's, estimated at "
             f"{self.step_seconds * 1e3:.1f} ms"
-            + ("" if self.rates is None else f" ({self.rates.source} {self.rates.device_type} rates)")
+            + (
+                ""
+                if self.rates is None
+                else f" ({self.rates.source} {self.rates.device_type} rates)"
+            )
         )
         if self.device_bytes is not None:
             peak = _mib(self.device_peak_bytes or 0)

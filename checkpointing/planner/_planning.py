@@ -135,7 +135,9 @@ def _plan(
     reason = unavailable_reason() if selective else None
     if reason is not None:
         selective = False
-        notes.append(f"operator grain unavailable (whole modules and saved tensors only): {reason}.")
+        notes.append(
+            f"operator grain unavailable (whole modules and saved tensors only): {reason}."
+        )
     profile = profile_step(model, example_inputs, backend, rates)
     if profile.fallback:
         notes.insert(0, f"Profiled on real tensors: {profile.fallback}.")

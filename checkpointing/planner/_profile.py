@@ -417,7 +417,7 @@ def profile_step(
             calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
         except ValueError:
             raise
-        except Exception as error:  # noqa: BLE001 - any failure of the fake run falls back
+        except Exception as error:
             first = str(error).splitlines()[0][:160] if str(error) else ""
             fallback = f"the model could not run on fake tensors ({type(error).__name__}: {first})"
     if fallback:

@@ -55,13 +55,13 @@ class Knapsack:
     """Tree-shaped multiple-choice knapsack over the module tree.
 
     Minimises the total recompute time subject to the total saved bytes reaching
-    ``s`` units, for every ``s`` up to the plain step's bytes, choosing at most one grain per module and never a module inside a
-    chosen one. Savings are rounded down to units of a ``BUCKETS``-th of the plain bytes (so the
-    choice never saves less than estimated), and each module keeps a table
-    ``best[s]``: the least time for its subtree to save at least ``s`` units. Children
-    are merged by min-plus convolution, so the cost is O(M * B^2) time and O(M * B)
-    memory for M modules and B = ``BUCKETS`` (B^2 = 10^6 tensor operations per module
-    with submodules).
+    ``s`` units, for every ``s`` up to the plain step's bytes, choosing at most one
+    grain per module call and never one inside a chosen one. Savings are rounded down
+    to units of a ``BUCKETS``-th of the plain bytes (so the choice never saves less
+    than estimated), and each call keeps a table ``best[s]``: the least time for its
+    subtree to save at least ``s`` units. Children are merged by min-plus convolution,
+    so the cost is O(M * B^2) time and O(M * B) memory for M calls and B = ``BUCKETS``
+    (B^2 = 10^6 tensor operations per call with calls inside).
 
     The unit is the same for every budget, so ``best[s]`` is one table whatever the
     budget: a looser budget needs fewer units and, the table never decreasing, never

@@ -49,7 +49,13 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def _geometry(g: Geometry) -> list[Any]:
-    return [list(g.size), list(g.stride), g.offset, str(g.dtype).removeprefix("torch."), g.storage_bytes]
+    return [
+        list(g.size),
+        list(g.stride),
+        g.offset,
+        str(g.dtype).removeprefix("torch."),
+        g.storage_bytes,
+    ]
 
 
 def _from_geometry(value: list[Any]) -> Geometry:
@@ -92,7 +98,7 @@ def decode(value: Any) -> Any:
         return [decode(v) for v in value]
     if not isinstance(value, dict):
         return value
-    (tag, inner), = value.items()
+    ((tag, inner),) = value.items()
     if tag == "float":
         return float(inner)
     if tag == "ref":

@@ -23,7 +23,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention"}
 
 

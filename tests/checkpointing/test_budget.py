@@ -13,10 +13,10 @@ from torch import nn
 import checkpointing
 from accel.testing import RecordingBackend
 from checkpointing import CheckpointPlan, apply_activation_checkpointing, plan_checkpointing
-from checkpointing._measure import LiveActivationMeter
 from checkpointing._decisions import FULL, SAVED, SELECTIVE
-from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
+from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
+from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
 
 NO_SELECTIVE = unavailable_reason()
 needs_selective = pytest.mark.skipif(

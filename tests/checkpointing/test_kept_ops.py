@@ -12,12 +12,12 @@ from torch import nn
 import accel
 from accel._compat import selective_cache_allows_mutation
 from checkpointing import CheckpointError, CheckpointPlan
-from checkpointing.planner._kept_ops import Unit, find_units, keep_options
-from checkpointing._measure import LiveActivationMeter
 from checkpointing._decisions import MEASURED
-from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
-from checkpointing.planner._profile import OpCall, profile_step
+from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
+from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
+from checkpointing.planner._kept_ops import Unit, find_units, keep_options
+from checkpointing.planner._profile import OpCall, profile_step
 
 NO_SELECTIVE = unavailable_reason()
 pytestmark = pytest.mark.skipif(

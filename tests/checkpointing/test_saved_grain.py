@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -13,14 +11,14 @@ from torch import nn
 import accel
 from accel import _compat
 from checkpointing import CheckpointError, plan_checkpointing
+from checkpointing._decisions import SAVED
 from checkpointing._measure import LiveActivationMeter
 from checkpointing._packed import Packed
-from checkpointing._decisions import SAVED
-from checkpointing.planner._profile import profile_step
 from checkpointing._replay import replayable
 from checkpointing._saved_plan import DROP, PACK
-from checkpointing.planner._saved_grain import SavedUnit, saved_plan, saved_units
 from checkpointing._saved_wrapper import SavedTensorWrapper
+from checkpointing.planner._profile import profile_step
+from checkpointing.planner._saved_grain import SavedUnit, saved_plan, saved_units
 
 WIDTH, SEQ, BATCH = 32, 16, 4
 

@@ -30,7 +30,12 @@ from checkpointing import CheckpointPlan, plan_checkpointing
 zoo = sys.modules["accel_zoo"]  # loaded by tests/conftest.py
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = [
-    pytest.param(family, marks=pytest.mark.skipif(zoo.unusable(family) is not None, reason=f"{family}: {zoo.unusable(family)}"))
+    pytest.param(
+        family,
+        marks=pytest.mark.skipif(
+            zoo.unusable(family) is not None, reason=f"{family}: {zoo.unusable(family)}"
+        ),
+    )
     for family in ("resnet", "gpt2", "bert", "llama", "vit", "custom", "convnext", "lstm")
 ]
 
@@ -97,7 +102,9 @@ RANK = textwrap.dedent(
             clock[0] += rng.uniform(0.0, 3.0) * 1e-3
             return clock[0]
         time.perf_counter = time.monotonic = time.time = perturbed
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300)
+    )
     case = _zoo.build("gpt2" if os.environ["FAMILY"] == "gpt2" else "custom")
     backend = accel.get_backend("cpu")
     from checkpointing.planner._calibrate import default_rates

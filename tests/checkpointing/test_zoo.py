@@ -23,11 +23,11 @@ from checkpointing import (
     apply_activation_checkpointing,
     plan_checkpointing,
 )
-from checkpointing.planner._search import blocks
 from checkpointing._decisions import MEASURED, SAVED, SELECTIVE
+from checkpointing._selective import unavailable_reason
 from checkpointing.planner._options import candidates
 from checkpointing.planner._profile import profile_step
-from checkpointing._selective import unavailable_reason
+from checkpointing.planner._search import blocks
 
 zoo = sys.modules["accel_zoo"]  # loaded by tests/conftest.py
 

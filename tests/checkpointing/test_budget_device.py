@@ -1,0 +1,88 @@
+"""A memory-budget plan made and applied on the selected backend's device.
+
+The planner profiles on fake tensors of the device's type, so it plans a model that
+lives on any device, a lazy one (XLA) or one someone else wrote (openreg) included,
+without running a kernel there. Each plan must be exact on the device (the loss and
+every gradient bit-equal to the plain model's, dropout included) and keep no more than
+its budget of what autograd saves (plus 2%), counted on the device.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from accel import Accelerator
+from checkpointing import CheckpointPlan, SavedTensorMeter, plan_checkpointing
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(self.norm(x)))))
+
+
+def _model(device: torch.device) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), *(_Block(32) for _ in range(6)), nn.Linear(32, 4))
+    return model.to(device).train(), torch.randn(4, 16, 8).to(device)
+
+
+def _step(model: nn.Module, x: torch.Tensor, backend: Accelerator) -> list[torch.Tensor]:
+    backend.manual_seed(1)
+    loss = model(x).square().mean()
+    loss.backward()
+    backend.mark_step()
+    found = [loss.detach().cpu(), *(p.grad.detach().cpu() for p in model.parameters())]
+    model.zero_grad(set_to_none=True)
+    return found
+
+
+def _saved(model: nn.Module, x: torch.Tensor) -> int:
+    with SavedTensorMeter(exclude=model.parameters()) as meter:
+        out = model(x)
+    del out
+    return meter.bytes
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.25])
+def test_a_plan_made_on_the_device_is_exact_and_fits(
+    accel_backend: Accelerator, budget: float
+) -> None:
+    model, x = _model(accel_backend.device())
+    plan = plan_checkpointing(model, (x,), budget, backend=accel_backend)
+    assert plan.note == "", plan.note  # profiled on fake tensors: nothing ran on the device
+    assert plan.decisions and plan.estimated_bytes <= plan.budget_bytes
+    planned = copy.deepcopy(model)
+    plan.apply(planned, backend=accel_backend)
+    for mine, theirs in zip(
+        _step(planned, x, accel_backend), _step(model, x, accel_backend), strict=True
+    ):
+        assert torch.equal(mine, theirs)
+    assert _saved(planned, x) <= (budget + 0.02) * _saved(model, x)
+
+
+def test_a_plan_saved_on_the_device_loads_and_applies_alike(
+    accel_backend: Accelerator, tmp_path: object
+) -> None:
+    model, x = _model(accel_backend.device())
+    plan = plan_checkpointing(model, (x,), 0.5, backend=accel_backend)
+    path = f"{tmp_path}/plan.json"
+    plan.save(path)
+    loaded = CheckpointPlan.load(path)
+    assert loaded.to_dict() == plan.to_dict()
+    planned = copy.deepcopy(model)
+    loaded.apply(planned, example_inputs=(x,), backend=accel_backend)
+    for mine, theirs in zip(
+        _step(planned, x, accel_backend), _step(model, x, accel_backend), strict=True
+    ):
+        assert torch.equal(mine, theirs)
