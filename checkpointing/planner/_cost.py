@@ -135,38 +135,92 @@ class DeviceRates:
 
 _TEXT_FIELDS = frozenset({"device_type", "source"})
 
-# Calibrated on the project's CI host (x86-64, 2 cores, one intra-op thread, torch
-# 2.13.0) with :func:`checkpointing.calibrate_rates`; see docs/memory-budget-planning.md.
+# Calibrated on the project's CI host (x86-64 AMD EPYC, 2 cores, one intra-op thread,
+# torch 2.13.0) with checkpointing.calibrate_rates, 2026-11-27, the host shared with
+# other jobs (load average 5 to 6): each figure is the median of several runs (three
+# for operator_bytes, six for the others). operator_bytes come from the operator calls
+# of one step (forward and backward) of the zoo models (benchmarks/_zoo.py: resnet,
+# gpt2, vit, llama, bert, lstm, custom, t5, convnext, at "small" and "bench" sizes), a
+# 4-layer nn.TransformerEncoder and a small BatchNorm CNN, each operator timed at its
+# three most common shapes and weighted by its calls; operators measured in fewer
+# than two runs are left out. Rates of small-call operators (_to_copy, index, arange)
+# include their fixed cost beyond call_seconds. See docs/memory-budget-planning.md,
+# "Device rates".
 _CPU = DeviceRates(
     device_type="cpu",
     source="built-in",
-    matmul_flops=11.0e9,
-    attention_flops=7.0e9,
-    convolution_flops=11.0e9,
-    memory_bytes=16.0e9,
-    random_bytes=0.19e9,
-    call_seconds=6e-6,
-    policy_call_seconds=25e-6,
-    policy_kept_seconds=10e-6,
-    hook_seconds=15e-6,
+    matmul_flops=2.8e10,
+    attention_flops=2.1e10,
+    convolution_flops=1.6e10,
+    memory_bytes=2.2e9,
+    random_bytes=1.7e8,
+    call_seconds=2.8e-6,
+    policy_call_seconds=0.00047,
+    policy_kept_seconds=0.00039,
+    hook_seconds=7.4e-6,
     operator_bytes={
-        "aten.gelu.default": 3.6e9,
-        "aten.gelu_backward.default": 3.0e9,
-        "aten.native_layer_norm.default": 4.5e9,
-        "aten.native_layer_norm_backward.default": 3.0e9,
-        "aten._softmax.default": 4.2e9,
-        "aten._safe_softmax.default": 4.2e9,
-        "aten._softmax_backward_data.default": 6.0e9,
-        "aten.silu.default": 4.0e9,
-        "aten.tanh.default": 4.0e9,
-        "aten.sigmoid.default": 4.0e9,
-        "aten.native_batch_norm.default": 5.0e9,
-        "aten._native_batch_norm_legit_functional.default": 5.0e9,
-        "aten.native_batch_norm_backward.default": 4.0e9,
-        "aten.exp.default": 4.0e9,
-        "aten.rsqrt.default": 6.0e9,
-        "aten.pow.Tensor_Scalar": 8.0e9,
-        "aten.mean.dim": 16.0e9,
+        "aten._log_softmax.default": 1.9e9,
+        "aten._log_softmax_backward_data.default": 7.5e9,
+        "aten._safe_softmax.default": 1.4e9,
+        "aten._softmax.default": 6.4e9,
+        "aten._softmax_backward_data.default": 1.3e10,
+        "aten._to_copy.default": 6.9e7,
+        "aten.abs.default": 4.5e10,
+        "aten.add.Tensor": 3.8e10,
+        "aten.add_.Tensor": 2.5e9,
+        "aten.arange.default": 7.5e7,
+        "aten.bitwise_and.Tensor": 1.1e9,
+        "aten.cat.default": 7.4e9,
+        "aten.clone.default": 2.3e10,
+        "aten.copy_.default": 7.6e8,
+        "aten.cos.default": 3.7e9,
+        "aten.cumsum.default": 6.9e7,
+        "aten.div.Scalar": 7.9e9,
+        "aten.div.Tensor": 2.9e10,
+        "aten.div_.Scalar": 7.2e9,
+        "aten.embedding.default": 3.6e10,
+        "aten.embedding_dense_backward.default": 9.7e9,
+        "aten.empty_like.default": 4.9e9,
+        "aten.eq.Tensor": 6.2e8,
+        "aten.fill_.Tensor": 4.5e6,
+        "aten.full_like.default": 2.4e10,
+        "aten.ge.Tensor": 8.8e8,
+        "aten.gelu.default": 1.6e9,
+        "aten.gelu_backward.default": 3.6e9,
+        "aten.gt.Scalar": 7e9,
+        "aten.index.Tensor": 7.5e7,
+        "aten.le.Tensor": 1.1e9,
+        "aten.log.default": 4e8,
+        "aten.lt.Scalar": 7.3e9,
+        "aten.masked_fill_.Scalar": 9.2e7,
+        "aten.mean.dim": 9.2e9,
+        "aten.mul.Scalar": 2.1e10,
+        "aten.mul.Tensor": 3.2e10,
+        "aten.native_batch_norm.default": 1.2e9,
+        "aten.native_batch_norm_backward.default": 1.7e9,
+        "aten.native_layer_norm.default": 9.6e9,
+        "aten.native_layer_norm_backward.default": 1.2e10,
+        "aten.neg.default": 3.6e10,
+        "aten.new_empty_strided.default": 4.5e8,
+        "aten.new_ones.default": 5.3e7,
+        "aten.nll_loss_backward.default": 5.7e10,
+        "aten.ones_like.default": 4.9e10,
+        "aten.pow.Tensor_Scalar": 3.2e10,
+        "aten.relu.default": 1e10,
+        "aten.select_backward.default": 1.2e10,
+        "aten.sigmoid.default": 5e9,
+        "aten.sigmoid_backward.default": 4.5e10,
+        "aten.silu.default": 5.6e9,
+        "aten.silu_backward.default": 3.7e10,
+        "aten.sin.default": 4.2e9,
+        "aten.slice_backward.default": 1.7e10,
+        "aten.sum.default": 3.8e9,
+        "aten.sum.dim_IntList": 2.8e10,
+        "aten.tanh.default": 1.6e9,
+        "aten.tanh_backward.default": 3.6e10,
+        "aten.threshold_backward.default": 9.4e9,
+        "aten.where.self": 1.1e9,
+        "aten.zeros.default": 4.3e8,
     },
 )
 
@@ -262,7 +316,9 @@ def operator_cost(
     name = str(func)
     flops = _flops(func, args, kwargs, out)
     inputs = sum(tensor_bytes(t) for t in tree_flatten((args, kwargs))[0] if _is_tensor(t))
-    mutates = any(arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments)
+    mutates = any(
+        arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments
+    )
     if fresh_bytes == 0 and not mutates:
         return rates.call_seconds  # a view, an alias, a metadata query: nothing moves
     moved = inputs + fresh_bytes
