@@ -61,6 +61,7 @@ class _Sizes:
     shapes: int = 3  # a model's most common shapes timed per operator
     sample_seconds: float = 2e-3  # repeat a short call within one sample to this length
     width: int = 256  # features of the reference step's transformer-like part
+    short_call: float = 2.0  # calls under this many fixed costs get no say in a rate
 
 
 _SIZES = _Sizes()
@@ -560,7 +561,7 @@ def _model_operator_rates(
     Each operator's rate is its timed calls' bytes over their seconds (less the fixed
     cost per call), each call weighted by how often the step makes it, so that the
     cost model gives those calls their measured total time. Operators whose calls all
-    fail on random values or take no longer than twice the fixed cost get no rate.
+    fail on random values or take less than twice the fixed cost get no rate.
     """
     by_operator: dict[str, Counter[str]] = {}
     example: dict[str, _Call] = {}
@@ -582,12 +583,12 @@ def _model_operator_rates(
             moved = seconds = 0.0
             for key, count in counts.most_common(sizes.shapes):
                 timed = _time_call(example[key], device, backend, sizes)
-                if timed is None or timed < 2 * call_seconds:
+                if timed is None or timed < sizes.short_call * call_seconds:
                     # It failed on real values, or it is as short as the fixed cost per
                     # call, which then prices it: its bytes say nothing of a rate.
                     continue
                 moved += count * example[key].moved
-                seconds += count * (timed - call_seconds)
+                seconds += count * max(timed - call_seconds, timed / 10)
             if moved > 0 and seconds > 0:
                 rates[name] = moved / seconds
     return rates
