@@ -216,7 +216,8 @@ def rates_cache_path(backend: Accelerator) -> Path:
         The cache file's path (it need not exist).
     """
     root = Path(os.environ.get("ACCEL_CACHE_DIR") or Path.home() / ".cache" / "accel")
-    name = "".join(c if c.isalnum() else "-" for c in _device_name(backend)).strip("-")
+    name = "".join(c if c.isalnum() else " " for c in _device_name(backend))
+    name = "-".join(name.split())
     version = torch.__version__.split("+")[0]
     return root / f"rates-{backend.device_type}-{name}-torch{version}.json"
 
@@ -231,7 +232,7 @@ def _device_name(backend: Accelerator) -> str:
             model = names[0].strip() if names else model
         except OSError:
             pass  # not Linux: the platform's name
-        return f"{model} {torch.get_num_threads()} threads"
+        return f"{model}, {torch.get_num_threads()} threads"
     module = getattr(torch, backend.device_type, None)
     try:
         return str(module.get_device_name())  # type: ignore[union-attr]
@@ -298,9 +299,12 @@ def calibrate_rates(
     resolved = resolve_backend(backend)
     device_backend = accel.get_backend() if resolved is None else resolved
     sizes = _SIZES
+    calls = None
+    if model is not None:  # first, so that a model that cannot be recorded fails fast
+        with device_backend.fork_rng():
+            calls = _record_calls(model, example_inputs)
     rates = _measure(device_backend, sizes)
-    if model is not None:
-        calls = _record_calls(model, example_inputs)
+    if calls is not None:
         operators = _model_operator_rates(calls, device_backend, rates.call_seconds, sizes)
         rates = replace(rates, operator_bytes={**rates.operator_bytes, **operators})
     if save:
@@ -379,7 +383,7 @@ def _measure(backend: Accelerator, sizes: _Sizes) -> DeviceRates:
     hook = _hook_seconds(backend, sizes)
     where = (
         f"calibrated on {_device_name(backend)}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} intra-op threads, {time.strftime('%Y-%m-%d')}"
+        f"{time.strftime('%Y-%m-%d')}"
     )
     return replace(
         base,
