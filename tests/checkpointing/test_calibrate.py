@@ -1,0 +1,255 @@
+"""Device rates: built-in, calibrated on request, cached and read back (issue 34).
+
+No test here depends on a timing's value: calibration runs at its smallest sizes, and
+only what it returns (positive, finite, the operators a model uses) and what it leaves
+as it was are checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import accel
+import checkpointing
+from checkpointing import DeviceRates, calibrate_rates, default_rates
+from checkpointing.planner import _calibrate, builtin_rates
+
+# The smallest calibration: one round, tiny tensors, every call counted however short.
+_QUICK = _calibrate._Sizes(
+    rounds=1,
+    matmul=32,
+    image=4,
+    sequence=8,
+    elements=1024,
+    shapes=1,
+    sample_seconds=0.0,
+    width=8,
+    short_call=0.0,
+)
+
+
+@pytest.fixture(autouse=True)
+def _quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The smallest calibration, and a cache directory of the test's own."""
+    monkeypatch.setattr(_calibrate, "_SIZES", _QUICK)
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def calibrated() -> DeviceRates:
+    """One calibration without a model (not saved), shared by the tests that read it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_calibrate, "_SIZES", _QUICK)
+        return calibrate_rates("cpu")
+
+
+class _Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.norm = nn.BatchNorm1d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = nn.functional.dropout(nn.functional.silu(self.linear(x)), 0.1)
+        out: torch.Tensor = self.norm(hidden).softmax(-1)
+        return out
+
+
+def _numbers(rates: DeviceRates) -> list[float]:
+    values = rates.to_dict()
+    numbers = [v for k, v in values.items() if k not in ("device_type", "source", "operator_bytes")]
+    return numbers + list(values["operator_bytes"].values())
+
+
+def test_default_rates_are_the_built_in_ones_without_a_cache() -> None:
+    backend = accel.get_backend("cpu")
+    assert not _calibrate.rates_cache_path(backend).exists()
+    assert default_rates(backend) == builtin_rates("cpu")
+
+
+def test_default_rates_read_the_cache(calibrated: DeviceRates) -> None:
+    backend = accel.get_backend("cpu")
+    path = _calibrate.rates_cache_path(backend)
+    path.write_text(json.dumps(calibrated.to_dict()), encoding="utf-8")
+    assert default_rates(backend) == calibrated
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{not json", "[]", '{"device_type": "cpu"}', '{"device_type": "cuda", "source": "x"}'],
+)
+def test_a_damaged_cache_gives_the_built_in_rates(text: str) -> None:
+    backend = accel.get_backend("cpu")
+    path = _calibrate.rates_cache_path(backend)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    assert default_rates(backend) == builtin_rates("cpu")
+
+
+def test_a_cache_with_a_bad_rate_gives_the_built_in_rates() -> None:
+    backend = accel.get_backend("cpu")
+    values = builtin_rates("cpu").to_dict()
+    values["matmul_flops"] = -1.0
+    path = _calibrate.rates_cache_path(backend)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(values), encoding="utf-8")
+    assert default_rates(backend) == builtin_rates("cpu")
+
+
+def test_calibrate_saves_what_default_rates_reads_back(tmp_path: Path) -> None:
+    backend = accel.get_backend()  # what calibrate_rates() takes without a backend
+    rates = calibrate_rates(save=True)
+    path = _calibrate.rates_cache_path(backend)
+    assert path.parent == tmp_path and path.is_file()
+    assert default_rates(backend) == rates
+    assert rates.source.startswith("calibrated on ")
+    assert rates.device_type == "cpu"
+
+
+def test_calibrated_rates_are_positive_and_finite(calibrated: DeviceRates) -> None:
+    assert all(math.isfinite(v) and v >= 0 for v in _numbers(calibrated))
+    for name in ("matmul_flops", "attention_flops", "convolution_flops", "memory_bytes"):
+        assert getattr(calibrated, name) > 0
+    assert all(v > 0 for v in calibrated.operator_bytes.values())
+
+
+def test_calibrate_does_not_save_unless_asked(calibrated: DeviceRates, tmp_path: Path) -> None:
+    assert not any(tmp_path.iterdir())
+
+
+def test_model_calibration_adds_its_operators_and_leaves_the_model_as_it_was() -> None:
+    torch.manual_seed(0)
+    model = _Small()
+    x = torch.randn(4, 8)
+    before = {k: v.clone() for k, v in model.state_dict(keep_vars=True).items()}
+    grads = [p.grad for p in model.parameters()]
+    cpu_state = torch.get_rng_state()
+    rates = calibrate_rates("cpu", model=model, example_inputs=(x,))
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for name, value in before.items():
+        assert torch.equal(value, after[name]), name
+        assert value.dtype == after[name].dtype
+    assert [p.grad for p in model.parameters()] == grads
+    tracked = model.norm.num_batches_tracked
+    assert tracked is not None and int(tracked) == 0
+    # The model's own operators, forward and backward, get rates of their own.
+    for name in (
+        "aten.silu.default",
+        "aten.silu_backward.default",
+        "aten._softmax.default",
+        "aten._softmax_backward_data.default",
+        "aten.native_batch_norm_backward.default",
+    ):
+        assert name in rates.operator_bytes, name
+    # Dropout's draw keeps the random rate; products keep the flop rate.
+    assert "aten.bernoulli_.float" not in rates.operator_bytes
+    assert "aten.addmm.default" not in rates.operator_bytes
+    assert all(math.isfinite(v) and v >= 0 for v in _numbers(rates))
+    assert all(v > 0 for v in rates.operator_bytes.values())
+
+
+def test_recorded_calls_count_bytes_as_the_cost_model_does() -> None:
+    calls = _calibrate._record_calls(_Small(), (torch.randn(4, 8),))
+    silu = [c for c in calls if str(c.func) == "aten.silu.default"]
+    assert len(silu) == 1
+    assert silu[0].moved == 2 * 4 * 8 * 4  # reads 4 x 8 floats, writes as many
+    assert not any("addmm" in str(c.func) or "bernoulli" in str(c.func) for c in calls)
+    assert not any(str(c.func) in ("aten.t.default", "aten.view.default") for c in calls)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"backend": 3}, TypeError, "checkpointing: backend must be an accel backend"),
+        ({"save": "yes"}, TypeError, "checkpointing: save must be True or False"),
+        ({"model": nn.Linear(2, 2)}, ValueError, "was given model without example_inputs"),
+        ({"example_inputs": ()}, ValueError, "was given example_inputs without model"),
+        (
+            {"model": "model", "example_inputs": ()},
+            TypeError,
+            "calibrate_rates' model must be a torch.nn.Module",
+        ),
+        (
+            {"model": nn.Linear(2, 2), "example_inputs": torch.ones(2)},
+            TypeError,
+            "example_inputs must be a tuple",
+        ),
+        (
+            {"model": nn.Linear(2, 2).eval(), "example_inputs": (torch.ones(2),)},
+            ValueError,
+            "model is in evaluation mode",
+        ),
+        (
+            {"model": nn.Linear(2, 2).requires_grad_(False), "example_inputs": (torch.ones(2),)},
+            ValueError,
+            "no output of the model requires grad",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs: dict[str, Any], error: type, message: str) -> None:
+    with pytest.raises(error, match=message) as raised:
+        calibrate_rates(**kwargs)
+    assert str(raised.value).startswith("checkpointing: ")
+    assert str(raised.value).rstrip().endswith(".")
+
+
+def test_a_model_that_cannot_run_on_fake_tensors_is_reported() -> None:
+    class Routed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.linear(x)[x.sum(-1) > 0]
+            return out
+
+    with pytest.raises(RuntimeError, match="checkpointing: calibrate_rates could not run"):
+        calibrate_rates("cpu", model=Routed(), example_inputs=(torch.ones(3, 2),))
+
+
+def test_rates_round_trip_through_a_dictionary(calibrated: DeviceRates) -> None:
+    for rates in (builtin_rates("cpu"), builtin_rates("cuda"), calibrated):
+        values = json.loads(json.dumps(rates.to_dict()))
+        assert DeviceRates.from_dict(values) == rates
+
+
+@pytest.mark.parametrize("change", ["missing", "unknown"])
+def test_from_dict_refuses_missing_and_unknown_fields(change: str) -> None:
+    values = builtin_rates("cpu").to_dict()
+    if change == "missing":
+        del values["hook_seconds"]
+    else:
+        values["flops"] = 1.0
+    with pytest.raises(
+        ValueError, match=f"checkpointing: .*{change}: \\['(hook_seconds|flops)'\\]"
+    ):
+        DeviceRates.from_dict(values)
+
+
+def test_planning_never_calibrates(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("planning timed the device")
+
+    monkeypatch.setattr(_calibrate, "_measure", refuse)
+    monkeypatch.setattr(_calibrate, "_seconds", refuse)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(4)])
+    plan = checkpointing.plan_checkpointing(model, (torch.randn(8, 16),), memory_budget=0.75)
+    assert plan.rates == builtin_rates("cpu")
+
+
+def test_built_in_tables_are_valid() -> None:
+    for rates in (builtin_rates("cpu"), builtin_rates("hpu")):
+        assert rates.source == "built-in"
+        assert all(math.isfinite(v) and v >= 0 for v in _numbers(rates))
+    assert builtin_rates("hpu").device_type == "hpu"
+    assert dataclasses.replace(builtin_rates("hpu"), device_type="xla") == builtin_rates("xla")
