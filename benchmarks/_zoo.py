@@ -28,6 +28,8 @@ the benchmark's larger shapes. Families:
 * ``shared``: one ``nn.TransformerEncoderLayer`` (dropout, ``batch_first``) called at
   each of six depths between an embedding and a head (weight sharing, as in ALBERT and
   looped transformers): a block called more than once per step;
+* ``albert``: transformers' ALBERT masked LM (one layer group whose one ``AlbertLayer``
+  runs at six depths, factorised embeddings): the same sharing, built by transformers;
 * ``qwen2``: a Qwen2-style decoder in plain torch (grouped-query attention, 8 query and
   2 key-value heads, biased q/k/v, rotary embeddings, RMSNorm, SwiGLU, SDPA with
   attention dropout);
@@ -38,7 +40,8 @@ the benchmark's larger shapes. Families:
   feature encoder with GroupNorm, a grouped convolutional position embedding,
   post-norm ``nn.MultiheadAttention`` layers).
 
-The last four are plain torch: they need no package beyond torch.
+``shared``, ``qwen2``, ``mae`` and ``wav2vec`` are plain torch: they need no package
+beyond torch.
 
 Each :class:`ZooModel` names its repeated blocks' class (for "checkpoint every block")
 and its loss, so that the benchmark and the tests train every family the same way.
@@ -71,6 +74,7 @@ FAMILIES = (
     "phi",
     "mamba",
     "shared",
+    "albert",
     "qwen2",
     "mae",
     "wav2vec",
@@ -78,12 +82,12 @@ FAMILIES = (
 # Transformer-shaped families (the benchmark's tighter time target).
 TRANSFORMERS = (
     *("vit", "gpt2", "llama", "t5", "mixtral", "bert", "whisper", "phi"),
-    *("shared", "qwen2", "mae", "wav2vec"),
+    *("shared", "albert", "qwen2", "mae", "wav2vec"),
 )
 # The package each family is built with, where it needs one beyond torch.
 REQUIRES = {
     **dict.fromkeys(("vit", "gpt2", "llama", "t5", "mixtral"), "transformers"),
-    **dict.fromkeys(("bert", "convnext", "whisper", "phi", "mamba"), "transformers"),
+    **dict.fromkeys(("bert", "convnext", "whisper", "phi", "mamba", "albert"), "transformers"),
     "unet": "diffusers",
 }
 # What the tests plan on every CI run: the first six, the two module shapes without

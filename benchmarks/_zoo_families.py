@@ -531,6 +531,30 @@ def _shared(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, (ids,), next_token_loss(ids), (nn.TransformerEncoderLayer,)
 
 
+def _albert(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+    from transformers import AlbertConfig, AlbertForMaskedLM
+    from transformers.models.albert.modeling_albert import AlbertLayer
+
+    width, seq, batch = (256, 128, 4) if bench else (32, 16, 2)
+    config = AlbertConfig(
+        vocab_size=512,
+        embedding_size=width // 2,
+        hidden_size=width,
+        num_hidden_layers=6,  # one layer group, its one layer run six times
+        num_attention_heads=4,
+        intermediate_size=4 * width,
+        max_position_embeddings=2 * seq,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
+    model = AlbertForMaskedLM(config)
+    ids = token_ids(config.vocab_size, batch, seq, generator)
+    labels = torch.where(torch.rand(batch, seq, generator=generator) < 0.15, ids, -100)
+    labels[0, 0] = ids[0, 0]  # at least one masked position
+    inputs = {"input_ids": ids, "labels": labels}
+    return model, inputs, lambda out: out.loss, (AlbertLayer,)
+
+
 def _qwen2(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
     model = Qwen2Like(512, width, layers, seq)
@@ -570,6 +594,7 @@ _BUILDERS: dict[str, Callable[[bool, torch.Generator, bool], Built]] = {
     "phi": _phi,
     "mamba": _mamba,
     "shared": _shared,
+    "albert": _albert,
     "qwen2": _qwen2,
     "mae": _mae,
     "wav2vec": _wav2vec,

@@ -140,8 +140,10 @@ def torchtitan_rule() -> Callable[[], Any] | str:
 
     Saves the outputs of ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``convolution`` and
     the fused attention operators; recomputes every second ``mm`` of a block call (the
-    2nd, 4th, ...: forward and recompute keep their own counts) and every other
-    operator. A fresh count per call of ``context_fn``, i.e. per block call.
+    2nd, 4th, ...) and every other operator. A fresh count per call of ``context_fn``,
+    i.e. per block call. Where torch calls the policy again while recomputing
+    (``ctx.is_recompute``), that pass keeps its own count, as torchtitan's does; torch
+    2.13 calls it only in the forward and replays its decisions by index.
     """
     api = selective_checkpoint_api()
     if isinstance(api, str):
@@ -165,7 +167,7 @@ def torchtitan_rule() -> Callable[[], Any] | str:
 
         def choose(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
             if func == mm:
-                mode = "recompute" if ctx.is_recompute else "forward"
+                mode = "recompute" if getattr(ctx, "is_recompute", False) else "forward"
                 counts[mode] += 1
                 if counts[mode] % 2 == 0:
                     return policy.PREFER_RECOMPUTE
