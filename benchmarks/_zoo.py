@@ -38,9 +38,11 @@ the benchmark's larger shapes. Families:
   decoder of the same block class, a dict output;
 * ``wav2vec``: a wav2vec 2.0-like speech encoder in plain torch (a strided ``Conv1d``
   feature encoder with GroupNorm, a grouped convolutional position embedding,
-  post-norm ``nn.MultiheadAttention`` layers).
+  post-norm ``nn.MultiheadAttention`` layers);
+* ``swin``: a Swin transformer in plain torch (window attention with a relative
+  position bias, shifted windows with their mask and ``torch.roll``, patch merging).
 
-``shared``, ``qwen2``, ``mae`` and ``wav2vec`` are plain torch: they need no package
+``shared``, ``qwen2``, ``mae``, ``wav2vec`` and ``swin`` are plain torch: they need no package
 beyond torch.
 
 Each :class:`ZooModel` names its repeated blocks' class (for "checkpoint every block")
@@ -78,11 +80,12 @@ FAMILIES = (
     "qwen2",
     "mae",
     "wav2vec",
+    "swin",
 )
 # Transformer-shaped families (the benchmark's tighter time target).
 TRANSFORMERS = (
     *("vit", "gpt2", "llama", "t5", "mixtral", "bert", "whisper", "phi"),
-    *("shared", "albert", "qwen2", "mae", "wav2vec"),
+    *("shared", "albert", "qwen2", "mae", "wav2vec", "swin"),
 )
 # The package each family is built with, where it needs one beyond torch.
 REQUIRES = {

@@ -22,6 +22,8 @@ __all__ = [
     "SharedLayerModel",
     "SpeechEncoder",
     "SpeechLayer",
+    "SwinBlock",
+    "SwinTransformer",
     "ViTBlock",
     "build",
     "next_token_loss",
@@ -524,6 +526,134 @@ class SpeechEncoder(nn.Module):
         return logits
 
 
+def _to_windows(x: torch.Tensor, window: int) -> torch.Tensor:
+    """``(batch, height, width, channels)`` as ``(batch * windows, window**2, channels)``."""
+    batch, height, width, channels = x.shape
+    grid = x.view(batch, height // window, window, width // window, window, channels)
+    return grid.permute(0, 1, 3, 2, 4, 5).reshape(-1, window * window, channels)
+
+
+def _from_windows(windows: torch.Tensor, window: int, shape: torch.Size) -> torch.Tensor:
+    """The inverse of :func:`_to_windows` for a ``shape`` ``(batch, height, width, _)``."""
+    batch, height, width, _ = shape
+    channels = windows.shape[-1]
+    grid = windows.view(batch, height // window, width // window, window, window, channels)
+    return grid.permute(0, 1, 3, 2, 4, 5).reshape(batch, height, width, channels)
+
+
+class SwinBlock(nn.Module):
+    """A Swin block: (shifted) window attention with a relative position bias, an MLP.
+
+    Pre-norm, dropout on the attention and the MLP; a shifted block rolls its input by
+    half a window and masks attention between the regions the roll brought together.
+    """
+
+    mask: torch.Tensor | None
+    index: torch.Tensor
+
+    def __init__(self, width: int, heads: int, resolution: int, window: int, shift: bool) -> None:
+        super().__init__()
+        window = min(window, resolution)
+        self.heads, self.window = heads, window
+        self.shift = window // 2 if shift and resolution > window else 0
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.bias_table = nn.Parameter(torch.randn((2 * window - 1) ** 2, heads) * 0.02)
+        coords = torch.stack(
+            torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")
+        ).flatten(1)
+        relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)
+        self.register_buffer(
+            "index", relative[..., 0] * (2 * window - 1) + relative[..., 1], persistent=False
+        )
+        mask = None
+        if self.shift:
+            regions = torch.zeros(1, resolution, resolution, 1)
+            spans = (slice(0, -window), slice(-window, -self.shift), slice(-self.shift, None))
+            for number, (rows, columns) in enumerate((r, c) for r in spans for c in spans):
+                regions[:, rows, columns, :] = number
+            labels = _to_windows(regions, window).squeeze(-1)
+            different = labels[:, None, :] != labels[:, :, None]
+            mask = torch.zeros(different.shape).masked_fill(different, -100.0)
+        self.register_buffer("mask", mask, persistent=False)
+        self.drop = nn.Dropout(0.1)
+        self.norm2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, 4 * width), nn.GELU(), nn.Dropout(0.1), nn.Linear(4 * width, width)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.norm1(x)
+        if self.shift:
+            hidden = torch.roll(hidden, (-self.shift, -self.shift), dims=(1, 2))
+        windows = _to_windows(hidden, self.window)
+        count, tokens, width = windows.shape
+        qkv = self.qkv(windows).view(count, tokens, 3, self.heads, width // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        bias = self.bias_table[self.index.view(-1)].view(tokens, tokens, -1).permute(2, 0, 1)
+        bias = bias.unsqueeze(0)
+        if self.mask is not None:
+            per_image = self.mask.shape[0]
+            bias = bias.unsqueeze(0) + self.mask[None, :, None]
+            bias = bias.expand(count // per_image, -1, -1, -1, -1).reshape(
+                count, self.heads, tokens, tokens
+            )
+        attended = nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias, dropout_p=0.1 if self.training else 0.0
+        )
+        windows = self.proj(attended.transpose(1, 2).reshape(count, tokens, width))
+        hidden = _from_windows(windows, self.window, x.shape)
+        if self.shift:
+            hidden = torch.roll(hidden, (self.shift, self.shift), dims=(1, 2))
+        x = x + self.drop(hidden)
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
+
+
+class PatchMerging(nn.Module):
+    """Swin's downsampling: each 2x2 patch group concatenated, normalised, projected."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * width)
+        self.reduce = nn.Linear(4 * width, 2 * width, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = (x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2])
+        merged: torch.Tensor = self.reduce(self.norm(torch.cat(parts, dim=-1)))
+        return merged
+
+
+class SwinTransformer(nn.Module):
+    """A Swin transformer classifier: stages of (shifted) window blocks, patch merging."""
+
+    def __init__(self, side: int, patch: int, width: int, depths: list[int], window: int) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, width, patch, stride=patch)
+        self.embed_norm = nn.LayerNorm(width)
+        stages: list[nn.Module] = []
+        resolution = side // patch
+        for number, depth in enumerate(depths):
+            heads = 2 * 2**number
+            stages.extend(
+                SwinBlock(width, heads, resolution, window, shift=index % 2 == 1)
+                for index in range(depth)
+            )
+            if number < len(depths) - 1:
+                stages.append(PatchMerging(width))
+                width, resolution = 2 * width, resolution // 2
+        self.stages = nn.Sequential(*stages)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_norm(self.embed(images).permute(0, 2, 3, 1))
+        hidden = self.norm(self.stages(hidden))
+        logits: torch.Tensor = self.head(hidden.mean(dim=(1, 2)))
+        return logits
+
+
 def _shared(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     width, seq, batch = (256, 128, 4) if bench else (32, 16, 2)
     model = SharedLayerModel(512, width)
@@ -571,6 +701,16 @@ def _mae(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, (images,), lambda out: out["loss"], (ViTBlock,)
 
 
+def _swin(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+    side, patch, width, depths, window, batch = (
+        (64, 4, 64, [2, 2, 2], 4, 8) if bench else (16, 2, 16, [2, 1], 4, 2)
+    )
+    model = SwinTransformer(side, patch, width, depths, window)
+    images = torch.randn(batch, 3, side, side, generator=generator)
+    labels = torch.randint(10, (batch,), generator=generator)
+    return model, (images,), lambda out: nn.functional.cross_entropy(out, labels), (SwinBlock,)
+
+
 def _wav2vec(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     if bench:
         channels, width, layers, samples, batch = 128, 256, 4, 16000, 4
@@ -598,6 +738,7 @@ _BUILDERS: dict[str, Callable[[bool, torch.Generator, bool], Built]] = {
     "qwen2": _qwen2,
     "mae": _mae,
     "wav2vec": _wav2vec,
+    "swin": _swin,
 }
 
 

@@ -3,10 +3,10 @@
 Every plan is bit-exact against the plain model (dropout included), its activation
 bytes fit the budget plus 2%, it is not slower than any plan the planner considered
 that fits, and every grain the planner offers is exact. transformers' KV cache is
-switched off with a warning, or refused. The plain-torch families of issue 34 (a
-Qwen2-style decoder, an MAE drawing its mask in forward, a wav2vec-like encoder, one
-layer shared by six depths, and transformers' ALBERT) are checked through the public
-API only.
+switched off with a warning, or refused. The families of issue 34 (a Qwen2-style
+decoder, an MAE drawing its mask in forward, a wav2vec-like encoder, a Swin
+transformer, one layer shared by six depths, and transformers' ALBERT) are checked
+through the public API only.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ needs_transformers = pytest.mark.skipif(UNUSABLE is not None, reason=str(UNUSABL
 FAMILIES = [pytest.param(family, marks=_needs(family)) for family in zoo.TESTED]
 # The plain-torch families of issue 34, tested through the public API only (the grain
 # test below reads the planner's internals). ``shared`` has a test of its own.
-PLAIN_TORCH = ("qwen2", "mae", "wav2vec")
+PLAIN_TORCH = ("qwen2", "mae", "wav2vec", "swin")
 _FIELDS: dict[str, Any] = {
     "rows": (),
     **dict.fromkeys(("plain_bytes", "estimated_bytes", "budget_bytes"), 1),
