@@ -44,7 +44,8 @@ class LSTMLanguageModel(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         hidden, _ = self.lstm(self.embed(ids))
-        return self.head(hidden)
+        logits: torch.Tensor = self.head(hidden)
+        return logits
 
 
 class MixerLayer(nn.Module):
