@@ -4,8 +4,12 @@ The zoo (``_zoo.py``, benchmark shapes, random weights): a ResNet-style CNN with
 BatchNorm, ViT, GPT-2, Llama, T5 and Mixtral (the last five from transformers'
 configs); an LSTM language model and a stack of a user's childless layers (module
 shapes without children); BERT masked LM, ConvNeXt, Whisper, Phi and Mamba (from
-transformers' configs) and a diffusion UNet (diffusers' ``UNet2DModel``). For each
-model, on the selected backend, these variants train on the same data:
+transformers' configs) and a diffusion UNet (diffusers' ``UNet2DModel``); ALBERT (one
+layer at six depths, from transformers' config) and, in plain torch, one
+``nn.TransformerEncoderLayer`` called at six depths (``shared``), a Qwen2-style GQA
+decoder, a masked autoencoder drawing its mask in ``forward``, a wav2vec-like speech
+encoder and a Swin transformer. For each model, on the selected backend, these variants
+train on the same data:
 
 * ``plain``: no checkpointing;
 * ``budget 0.75``, ``budget 0.5``, ``budget 0.25``: ``plan_checkpointing`` then
