@@ -24,7 +24,26 @@ the benchmark's larger shapes. Families:
   embedding, self-attention in one down and one up block);
 * ``phi``: transformers' Phi (parallel attention and MLP, partial rotary embedding);
 * ``mamba``: transformers' Mamba (selective state space, causal conv; the slow path, no
-  CUDA kernels).
+  CUDA kernels);
+* ``shared``: one ``nn.TransformerEncoderLayer`` (dropout, ``batch_first``) called at
+  each of six depths between an embedding and a head (weight sharing, as in ALBERT and
+  looped transformers): a block called more than once per step;
+* ``albert``: transformers' ALBERT masked LM (one layer group whose one ``AlbertLayer``
+  runs at six depths, factorised embeddings): the same sharing, built by transformers;
+* ``qwen2``: a Qwen2-style decoder in plain torch (grouped-query attention, 8 query and
+  2 key-value heads, biased q/k/v, rotary embeddings, RMSNorm, SwiGLU, SDPA with
+  attention dropout);
+* ``mae``: a masked autoencoder in plain torch whose forward draws its random patch
+  mask (``torch.rand``, ``argsort``, ``gather``), ViT encoder blocks and a narrower
+  decoder of the same block class, a dict output;
+* ``wav2vec``: a wav2vec 2.0-like speech encoder in plain torch (a strided ``Conv1d``
+  feature encoder with GroupNorm, a grouped convolutional position embedding,
+  post-norm ``nn.MultiheadAttention`` layers);
+* ``swin``: a Swin transformer in plain torch (window attention with a relative
+  position bias, shifted windows with their mask and ``torch.roll``, patch merging).
+
+``shared``, ``qwen2``, ``mae``, ``wav2vec`` and ``swin`` are plain torch: they need no package
+beyond torch.
 
 Each :class:`ZooModel` names its repeated blocks' class (for "checkpoint every block")
 and its loss, so that the benchmark and the tests train every family the same way.
@@ -56,13 +75,22 @@ FAMILIES = (
     "unet",
     "phi",
     "mamba",
+    "shared",
+    "albert",
+    "qwen2",
+    "mae",
+    "wav2vec",
+    "swin",
 )
 # Transformer-shaped families (the benchmark's tighter time target).
-TRANSFORMERS = ("vit", "gpt2", "llama", "t5", "mixtral", "bert", "whisper", "phi")
+TRANSFORMERS = (
+    *("vit", "gpt2", "llama", "t5", "mixtral", "bert", "whisper", "phi"),
+    *("shared", "albert", "qwen2", "mae", "wav2vec", "swin"),
+)
 # The package each family is built with, where it needs one beyond torch.
 REQUIRES = {
     **dict.fromkeys(("vit", "gpt2", "llama", "t5", "mixtral"), "transformers"),
-    **dict.fromkeys(("bert", "convnext", "whisper", "phi", "mamba"), "transformers"),
+    **dict.fromkeys(("bert", "convnext", "whisper", "phi", "mamba", "albert"), "transformers"),
     "unet": "diffusers",
 }
 # What the tests plan on every CI run: the first six, the two module shapes without

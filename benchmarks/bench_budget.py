@@ -4,8 +4,12 @@ The zoo (``_zoo.py``, benchmark shapes, random weights): a ResNet-style CNN with
 BatchNorm, ViT, GPT-2, Llama, T5 and Mixtral (the last five from transformers'
 configs); an LSTM language model and a stack of a user's childless layers (module
 shapes without children); BERT masked LM, ConvNeXt, Whisper, Phi and Mamba (from
-transformers' configs) and a diffusion UNet (diffusers' ``UNet2DModel``). For each
-model, on the selected backend, these variants train on the same data:
+transformers' configs) and a diffusion UNet (diffusers' ``UNet2DModel``); ALBERT (one
+layer at six depths, from transformers' config) and, in plain torch, one
+``nn.TransformerEncoderLayer`` called at six depths (``shared``), a Qwen2-style GQA
+decoder, a masked autoencoder drawing its mask in ``forward``, a wav2vec-like speech
+encoder and a Swin transformer. For each model, on the selected backend, these variants
+train on the same data:
 
 * ``plain``: no checkpointing;
 * ``budget 0.75``, ``budget 0.5``, ``budget 0.25``: ``plan_checkpointing`` then
@@ -14,9 +18,24 @@ model, on the selected backend, these variants train on the same data:
 * ``torch per-block``: ``torch.utils.checkpoint.checkpoint`` on every block;
 * ``torch selective``: the same with torch's selective policy "save matmuls (mm, addmm,
   bmm, baddbmm), recompute the rest" (torch 2.5 and later);
+* ``torchtitan op rule``: every block through ``torch.utils.checkpoint.checkpoint`` with
+  ``create_selective_checkpoint_contexts`` (torch 2.5 and later) and torchtitan's
+  operator rule (its ``_save_list`` policy): the outputs of ``aten.mm``, ``addmm``,
+  ``bmm``, ``baddbmm``, ``convolution`` and the fused attention operators
+  (``aten._scaled_dot_product_*attention*``: flash, flash for CPU, efficient, cuDNN,
+  overrideable) are saved, except every second ``aten.mm`` of each block call (the
+  2nd, 4th, ... counted from the block's start, forward and recompute counted apart, so
+  both see the same calls); every other operator is recomputed. ``addmm`` (a biased
+  ``nn.Linear``) is always saved, as torchtitan's list holds only ``mm`` (its models
+  have no biases); attention run with dropout on the CPU goes through the math path
+  (``bmm``, softmax, dropout), whose ``bmm`` outputs are saved. On an older torch the
+  variant is reported unavailable, with the reason;
 * with ``--compile``: ``compiled``: ``torch.compile(plain)``; ``compiled, torch budget
   0.5``: the same compiled with ``torch._functorch.config.activation_memory_budget =
   0.5``; ``compiled, plan 0.5``: ``torch.compile`` of the model after our 0.5 plan.
+
+A budget the planner cannot reach for a family (it raises) is reported unavailable
+for that family with the planner's message, and the family's other variants still run.
 
 Measures:
 
@@ -29,14 +48,19 @@ Measures:
   compiled graph), over the same walk of the eager plain model;
 * step time: median over ``--steps`` rounds after ``--warmup``; each round runs one
   step of every variant in a rotating order; ratios are medians of per-round ratios to
-  ``plain`` (eager);
+  ``plain`` (eager). The table's ``measured`` column is this ratio; its ``estimate``
+  column, for the budget variants, is the plan's ``estimated_step_time_ratio`` (what
+  the planner expected before running it), and ``|est - meas|`` their difference;
 * exactness: loss and every gradient bit-equal to ``plain`` (eager variants, same
   dropout masks); compiled variants report the largest gradient difference from
   ``compiled`` (the compiler's own numerics and random streams differ from eager).
 
 Targets (reported, not asserted): at budget 0.5, memory <= 0.5x (+2%), step time <=
 1.20x plain on every model and <= 1.15x on the transformer-shaped ones, and never
-slower than ``full``.
+slower than ``full``. After every family a summary line, and at the end a summary
+table with one row per family, give at budget 0.5 the memory ratio, the measured and
+estimated time ratios, ``|estimate - measured|``, and whether the time target, the
+budget (+2%) and exactness were met (``summary_at_half`` in the JSON).
 
 Usage: python benchmarks/bench_budget.py [--backend NAME] [--model NAME[,NAME...]|all]
        [--warmup N] [--steps N] [--threads N] [--compile] [--plot FILE.png]
@@ -53,7 +77,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.utils.checkpoint
@@ -71,7 +95,7 @@ from checkpointing import (
 
 BUDGETS = (0.75, 0.5, 0.25)
 TARGET_BYTES, TARGET_TIME, TARGET_TRANSFORMER = 0.5, 1.20, 1.15
-TORCH_VARIANTS = ("torch per-block", "torch selective")
+TORCH_VARIANTS = ("torch per-block", "torch selective", "torchtitan op rule")
 COMPILED = ("compiled", "compiled, torch budget 0.5", "compiled, plan 0.5")
 
 
@@ -84,7 +108,7 @@ class TorchCheckpoint(nn.Module):
         self.context_fn = context_fn
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        extra = {} if self.context_fn is None else {"context_fn": self.context_fn}
+        extra: dict[str, Any] = {} if self.context_fn is None else {"context_fn": self.context_fn}
         return torch.utils.checkpoint.checkpoint(
             self.block, *args, use_reentrant=False, **extra, **kwargs
         )
@@ -102,6 +126,60 @@ def save_matmuls() -> Callable[[], Any] | None:
         return policy.MUST_SAVE if func in matmuls else policy.PREFER_RECOMPUTE
 
     return lambda: create(choose)
+
+
+def _aten_overloads(*names: str) -> set[Any]:
+    """The ``default`` overloads of the aten operators among ``names`` this torch has."""
+    found = set()
+    for name in names:
+        packet = getattr(torch.ops.aten, name, None)
+        overload = None if packet is None else getattr(packet, "default", None)
+        if overload is not None:
+            found.add(overload)
+    return found
+
+
+def torchtitan_rule() -> Callable[[], Any] | str:
+    """A ``context_fn`` with torchtitan's operator rule, or why this torch has none.
+
+    Saves the outputs of ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``convolution`` and
+    the fused attention operators; recomputes every second ``mm`` of a block call (the
+    2nd, 4th, ...) and every other operator. A fresh count per call of ``context_fn``,
+    i.e. per block call. Where torch calls the policy again while recomputing
+    (``ctx.is_recompute``), that pass keeps its own count, as torchtitan's does; torch
+    2.13 calls it only in the forward and replays its decisions by index.
+    """
+    api = selective_checkpoint_api()
+    if isinstance(api, str):
+        return api
+    create, policy = api
+    mm = torch.ops.aten.mm.default
+    saved = {mm} | _aten_overloads(
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
+    )
+
+    def context() -> Any:
+        counts = {"forward": 0, "recompute": 0}
+
+        def choose(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+            if func == mm:
+                mode = "recompute" if getattr(ctx, "is_recompute", False) else "forward"
+                counts[mode] += 1
+                if counts[mode] % 2 == 0:
+                    return policy.PREFER_RECOMPUTE
+            return policy.MUST_SAVE if func in saved else policy.PREFER_RECOMPUTE
+
+        return create(choose)
+
+    return context
 
 
 def _wrap_blocks(model: nn.Module, case: ZooModel, context_fn: Callable[[], Any] | None) -> None:
@@ -123,6 +201,7 @@ def variant(case: ZooModel, name: str, backend: Accelerator) -> tuple[nn.Module,
         plan.apply(model, backend=backend)
         facts["plan"] = str(plan)
         facts["estimated_time_ratio"] = plan.estimated_step_time_ratio
+        facts["estimated_bytes_ratio"] = plan.estimated_bytes / plan.plain_bytes
         facts["decisions"] = sorted(set(plan.decisions.values()))
         facts["considered"] = [
             {
@@ -138,10 +217,20 @@ def variant(case: ZooModel, name: str, backend: Accelerator) -> tuple[nn.Module,
     elif name == "full":
         apply_activation_checkpointing(model, check_fn=case.is_block, backend=backend)
     elif name in TORCH_VARIANTS:
-        _wrap_blocks(model, case, save_matmuls() if name == "torch selective" else None)
+        context_fn: Callable[[], Any] | None = None
+        if name == "torch selective":
+            context_fn = save_matmuls()
+        elif name == "torchtitan op rule":
+            rule = torchtitan_rule()
+            assert not isinstance(rule, str), rule
+            context_fn = rule
+        _wrap_blocks(model, case, context_fn)
     if name.startswith("compiled"):
         budgeted = name == "compiled, torch budget 0.5"
-        compiled = torch.compile(model, backend=inductor_with_budget if budgeted else "inductor")
+        compiled = cast(
+            nn.Module,
+            torch.compile(model, backend=inductor_with_budget if budgeted else "inductor"),
+        )
         started = time.perf_counter()
         step(case, compiled, backend)
         facts["compile_seconds"] = time.perf_counter() - started
@@ -174,7 +263,9 @@ def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
     leaves = torch.utils._pytree.tree_leaves(
         output if isinstance(output, torch.Tensor) else dict(output)
     )
-    stack = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    stack: list[Any] = [
+        t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None
+    ]
     seen: set[int] = set()
     storages: dict[int, int] = {}
     while stack:
@@ -197,7 +288,7 @@ def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
 def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
     torch.manual_seed(7)
     loss = case.loss(model)
-    loss.backward()
+    torch.autograd.backward(loss)
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     return loss.detach(), grads
@@ -206,7 +297,7 @@ def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torc
 def step(case: ZooModel, model: nn.Module, backend: Accelerator) -> float:
     backend.synchronize()
     start = time.perf_counter()
-    case.loss(model).backward()
+    torch.autograd.backward(case.loss(model))
     backend.mark_step()
     backend.synchronize()
     elapsed = time.perf_counter() - start
@@ -217,20 +308,30 @@ def step(case: ZooModel, model: nn.Module, backend: Accelerator) -> float:
 def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
     case = build(family, "bench")
     case.model.to(backend.device())
-    variants = ["plain", *(f"budget {b}" for b in BUDGETS), "full", "torch per-block"]
-    if save_matmuls() is not None:
-        variants.append("torch selective")
+    variants = ["plain", *(f"budget {b}" for b in BUDGETS), "full", *TORCH_VARIANTS]
+    unavailable: dict[str, str] = {}
+    rule = torchtitan_rule()
+    if isinstance(rule, str):
+        unavailable["torch selective"] = unavailable["torchtitan op rule"] = rule
     if args.compile:
         variants.extend(COMPILED)
     models: dict[str, nn.Module] = {}
     facts: dict[str, dict[str, Any]] = {}
     for name in variants:
+        if name in unavailable:
+            continue
         try:
             models[name], facts[name] = variant(case, name, backend)
+        except ValueError as error:  # a budget the planner cannot reach for this model
+            if not name.startswith("budget"):
+                raise
+            unavailable[name] = f"plan_checkpointing raised: {error}"
         except Exception as error:  # a compiler that fails on this host: reported, not fatal
             if not name.startswith("compiled"):
                 raise
-            print(f"{family}: {name} failed: {type(error).__name__}: {error}"[:300])
+            unavailable[name] = f"failed: {type(error).__name__}: {error}"[:300]
+    for name, reason in unavailable.items():
+        print(f"{family}: {name} unavailable: {reason}"[:400])
     variants = [name for name in variants if name in models]
     # Walked first, and compiled models never run under the meters: a compiled model
     # called inside a dispatch mode or saved-tensor hooks falls back to eager for good.
@@ -273,34 +374,82 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
                 torch.equal(a, b) for a, b in zip(grads, reference[1], strict=True)
             )
             difference = None
+        measured = statistics.median(
+            a / b for a, b in zip(times[name], times["plain"], strict=True)
+        )
+        estimate = facts[name].get("estimated_time_ratio")
         rows[name] = {
             "activation_bytes": activations,
             "bytes_ratio": activations / plain_saved,
             "step_seconds": statistics.median(times[name]),
-            "time_ratio": statistics.median(
-                a / b for a, b in zip(times[name], times["plain"], strict=True)
-            ),
+            "time_ratio": measured,
+            "measured": measured,
+            "estimate": estimate,
+            "estimate_error": None if estimate is None else abs(estimate - measured),
             "exact": exact,
             "grad_difference_to_compiled": difference,
             **{k: v for k, v in facts[name].items() if k != "plan"},
         }
-    half = rows["budget 0.5"]
+    half = rows.get("budget 0.5")
     limit = TARGET_TRANSFORMER if family in TRANSFORMERS else TARGET_TIME
     return {
         "model": family,
         "variants": rows,
+        "unavailable": unavailable,
         "plans": {k: v["plan"] for k, v in facts.items() if "plan" in v},
         "time_target": limit,
-        "target_at_half": bool(
+        "target_at_half": half is not None
+        and bool(
             half["bytes_ratio"] <= TARGET_BYTES + 0.02
             and half["time_ratio"] <= limit
             and half["time_ratio"] <= rows["full"]["time_ratio"]
         ),
-        "fits": all(
-            rows[f"budget {b}"]["bytes_ratio"] <= b + 0.02 for b in BUDGETS if f"budget {b}" in rows
-        ),
+        "summary_at_half": summary_at_half(half, limit, rows["full"]["time_ratio"]),
+        # None where a budget has no plan (the planner raised): nothing to judge there.
+        "fits": None
+        if any(f"budget {b}" in unavailable for b in BUDGETS)
+        else all(rows[f"budget {b}"]["bytes_ratio"] <= b + 0.02 for b in BUDGETS),
         "exact": all(row["exact"] for row in rows.values() if row["exact"] is not None),
     }
+
+
+def summary_at_half(
+    half: dict[str, Any] | None, limit: float, full_ratio: float
+) -> dict[str, Any] | None:
+    """The budget-0.5 row's summary: memory, measured and estimated time, the targets.
+
+    ``None`` where the planner gave no plan at 0.5. ``met`` is the time target (``limit``),
+    the budget plus 2% and exactness together; ``not_slower_than_full`` is reported apart.
+    """
+    if half is None:
+        return None
+    time_met = half["measured"] <= limit
+    fits = half["bytes_ratio"] <= TARGET_BYTES + 0.02
+    exact = bool(half["exact"])
+    return {
+        "bytes_ratio": half["bytes_ratio"],
+        "measured": half["measured"],
+        "estimate": half["estimate"],
+        "estimate_error": half["estimate_error"],
+        "time_target": limit,
+        "time_met": time_met,
+        "fits": fits,
+        "exact": exact,
+        "not_slower_than_full": half["measured"] <= full_ratio,
+        "met": time_met and fits and exact,
+    }
+
+
+def _brief(reason: str) -> str:
+    """A short form of why a variant is unavailable, for the tables."""
+    start = reason.find("the smallest reachable")
+    if start >= 0:
+        return "no plan: " + reason[start:].split(" (")[0]
+    return reason[:60]
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def print_case(result: dict[str, Any]) -> None:
@@ -310,22 +459,58 @@ def print_case(result: dict[str, Any]) -> None:
         exact = "-" if row["exact"] is None else ("yes" if row["exact"] else "NO")
         if row["grad_difference_to_compiled"] is not None:
             exact = f"diff {row['grad_difference_to_compiled']:.1e}"
+        error = row["estimate_error"]
         rows.append(
             (
                 name,
                 f"{row['activation_bytes'] / 2**20:.1f} MiB",
                 f"{row['bytes_ratio']:.2f}x",
                 f"{row['step_seconds'] * 1e3:.1f} ms",
-                f"{row['time_ratio']:.2f}x",
+                f"{row['measured']:.2f}x",
+                _ratio(row["estimate"]),
+                "-" if error is None else f"{error:.2f}",
                 exact,
             )
         )
-    print_table(("variant", "activations", "memory", "step", "time", "exact"), rows)
+    for name, reason in result["unavailable"].items():
+        rows.append((name, "unavailable", "-", "-", "-", "-", "-", _brief(reason)))
+    headers = ("variant", "activations", "memory", "step", "measured", "estimate")
+    print_table((*headers, "|est - meas|", "exact"), rows)
     verdict = "met" if result["target_at_half"] else "NOT met"
     print(
         f"target at budget 0.5 (<= {TARGET_BYTES}x memory, <= {result['time_target']}x time, "
-        f"<= full): {verdict}; every budget fits: {result['fits']}; exact: {result['exact']}"
+        f"<= full): {verdict}; every budget fits: "
+        f"{'n/a (a budget has no plan)' if result['fits'] is None else result['fits']}; "
+        f"exact: {result['exact']}"
     )
+
+
+def print_summary(results: list[dict[str, Any]]) -> None:
+    """One row per family at budget 0.5: memory, measured, estimate, the targets."""
+    print("\nsummary at budget 0.5 (ratios to plain)")
+    rows = []
+    for result in results:
+        summary = result["summary_at_half"]
+        if summary is None:
+            reason = result["unavailable"].get("budget 0.5", "no plan")
+            rows.append((result["model"], "-", "-", "-", "-", "-", "-", "-", _brief(reason)))
+            continue
+        time_verdict = "met" if summary["time_met"] else "missed"
+        rows.append(
+            (
+                result["model"],
+                f"{summary['bytes_ratio']:.2f}x",
+                f"{summary['measured']:.2f}x",
+                _ratio(summary["estimate"]),
+                f"{summary['estimate_error']:.2f}",
+                f"<= {summary['time_target']:.2f}x: {time_verdict}",
+                "yes" if summary["fits"] else "NO",
+                "yes" if summary["exact"] else "NO",
+                "met" if summary["met"] else "missed",
+            )
+        )
+    headers = ("model", "memory", "measured", "estimate", "|est - meas|", "time target")
+    print_table((*headers, "within budget +2%", "exact", "target"), rows)
 
 
 def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
@@ -430,9 +615,11 @@ def main() -> None:
     for name in names:
         result = run_case(name, backend, args)
         print_case(result)
-        print(f"\nplan at budget 0.5:\n{result['plans']['budget 0.5']}")
+        if "budget 0.5" in result["plans"]:
+            print(f"\nplan at budget 0.5:\n{result['plans']['budget 0.5']}")
         results.append(result)
         path = write()
+    print_summary(results)
     seconds = time.perf_counter() - started
     print(f"\n{seconds:.0f} s; wrote {path}")
     if args.plot:
