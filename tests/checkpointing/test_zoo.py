@@ -113,22 +113,23 @@ def test_budget_plan_is_exact_fits_and_is_not_dominated(family: str, budget: flo
     _assert_not_dominated(plan, repeated=family != "lstm")  # one LSTM: nothing repeats
 
 
-@pytest.mark.xfail(
-    raises=ValueError,  # today: "the smallest reachable is 1.000"; anything else fails
-    strict=True,
-    reason="issue 34: per-call planning of modules called more than once",
+@pytest.mark.parametrize(
+    "family", ["shared", pytest.param("albert", marks=_needs("albert"))]
 )
 @pytest.mark.parametrize("budget", [0.5, 0.25])
-def test_one_layer_called_at_every_depth_plans_fits_and_is_exact(budget: float) -> None:
-    # One nn.TransformerEncoderLayer run at six depths by the root (looped transformers):
-    # only its calls can be checkpointed, the module is every block at once. (ALBERT
-    # plans today: its encoder, called once, holds the six calls.)
-    case = zoo.build("shared")
+def test_one_layer_called_at_every_depth_is_planned_call_by_call(
+    family: str, budget: float
+) -> None:
+    # One layer run at six depths (looped transformers, ALBERT's layer group): each call
+    # is a candidate of its own, named "layer@k", and may take its own grain.
+    case = zoo.build(family)
     model, plain = copy.deepcopy(case.model), copy.deepcopy(case.model)
     plan = plan_checkpointing(model, case.inputs, budget)
+    assert any("@" in name for name in plan.decisions), plan.decisions
     plan.apply(model)
     _assert_exact(case, model, plain)
     _assert_fits(case, model, plain, budget)
+    _assert_not_dominated(plan)
 
 
 @pytest.mark.parametrize(
