@@ -208,7 +208,6 @@ def variant(case: ZooModel, name: str, backend: Accelerator) -> tuple[nn.Module,
                 "label": c.label,
                 "estimated_bytes_ratio": c.estimated_bytes / plan.plain_bytes,
                 "estimated_seconds": c.estimated_seconds,
-                "measured_seconds": c.measured_seconds,
                 "fits": c.fits,
                 "taken": c.taken,
             }

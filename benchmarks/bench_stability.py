@@ -1,12 +1,13 @@
 """Plans under timing noise: how many different plans one model, input and budget get.
 
 Each zoo family (``benchmarks/_zoo.py``, small size) is planned at one budget once per
-seed on the tests' simulated host (``tests/checkpointing/_simulated_host.py``): the
-planner's clock advances only by a cost model of each operator that runs, times seeded
-noise (per-operator jitter, and a load factor that jumps between 1x and ``--load``
-every 50 to 500 operators). Nothing reads real time, so the counts are the same on any
-machine with the same torch. A family that is stable under noise gets one plan for
-every seed (decisions, kept calls, saved-tensor positions, the candidate taken).
+seed on the tests' simulated host (``tests/checkpointing/_simulated_host.py``): every
+clock Python has runs by a cost model of each operator that runs, times seeded noise
+(per-operator jitter, and a load factor that jumps between 1x and ``--load`` every 50
+to 500 operators). Nothing reads real time, so the counts are the same on any machine
+with the same torch. A family that is stable under noise gets one plan for every seed:
+the whole plan as its JSON file holds it (revisions before plans had files: decisions,
+kept calls, saved-tensor positions, the candidate taken).
 
 Two conditions by default: a steady load (30% jitter, load 1x) and a jumping one (30%
 jitter, load 1x to 3x). ``--before REV`` also plans with the ``accel``/``checkpointing``
@@ -28,7 +29,18 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODELS = ("resnet", "gpt2", "bert", "vit", "llama", "custom", "lstm")
+DEFAULT_MODELS = (
+    "resnet",
+    "gpt2",
+    "bert",
+    "vit",
+    "llama",
+    "custom",
+    "lstm",
+    "shared",
+    "qwen2",
+    "mae",
+)
 CONDITIONS = {"steady load": (0.3, 1.0), "load jumping 1-3x": (0.3, 3.0)}
 
 
@@ -50,6 +62,9 @@ def plans(family: str, seeds: int, jitter: float, load: float, budget: float) ->
         case = zoo.build(family)
         with host.simulated(seed, jitter=jitter, load=load):
             plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, budget)
+        if hasattr(plan, "to_dict"):  # the whole plan, as its file would hold it
+            found.append(json.dumps(plan.to_dict(), sort_keys=True))
+            continue
         saved = {name: sorted(p.positions.items()) for name, p in plan.saved_plans.items()}
         taken = [c.label for c in plan.considered if c.taken]
         found.append(repr((sorted(plan.decisions.items()), plan.kept_calls, saved, taken)))
