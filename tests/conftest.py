@@ -38,6 +38,8 @@ def _load_by_path(name: str, path: Path) -> ModuleType:
 habana_double_helpers = _load_by_path("habana_double", _DOUBLES_DIR / "habana_double.py")
 # The documentation's code blocks, for tests/test_docs.py and the torchrun examples' test.
 _load_by_path("docs_blocks", Path(__file__).resolve().parent / "docs_blocks.py")
+# Two ranks of a gloo group as subprocesses, for the distributed tests.
+_load_by_path("accel_two_ranks", Path(__file__).resolve().parent / "two_ranks.py")
 # The planner tests' simulated host (a clock that only operators advance).
 _load_by_path(
     "_simulated_host", Path(__file__).resolve().parent / "checkpointing" / "_simulated_host.py"

@@ -37,8 +37,10 @@ FORMAT = "accel.checkpoint-plan/1"
 
 
 def structure_of(model: nn.Module) -> tuple[str, ...]:
-    """What a plan checks a model against: each module's name and class, each
-    parameter's and buffer's name, shape and dtype, in definition order.
+    """What a plan checks a model against, in definition order.
+
+    Each module's name and class, then each parameter's and buffer's name, dtype and
+    shape.
     """
     lines = [f"{name or '(model)'}: {type(module).__qualname__}" for name, module in _plain(model)]
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):

@@ -17,17 +17,12 @@ bounded by a timeout, and print their results as JSON.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from accel_two_ranks import run_two_ranks  # loaded by tests/conftest.py
 
 TIMEOUT_S = 600  # for the whole fixture, retry included (a loaded 2-core CI machine)
 REPO = Path(__file__).resolve().parents[2]
@@ -115,75 +110,9 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _run_ranks(script: Path, deadline: float) -> tuple[list[dict[str, Any]] | None, str]:
-    """Run both ranks once; return their results, or None and what went wrong."""
-    port = _free_port()
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env={
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "PYTHONPATH": pythonpath,
-                "OMP_NUM_THREADS": "1",
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    results: list[dict[str, Any]] = []
-    problems: list[str] = []
-    try:
-        for rank, process in enumerate(processes):
-            try:
-                out, err = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                problems.append(f"rank {rank} did not finish within the {TIMEOUT_S} s budget")
-                continue
-            lines = [line for line in out.splitlines() if line.startswith("RESULTS ")]
-            if process.returncode != 0 or not lines:
-                problems.append(
-                    f"rank {rank} exited with {process.returncode}:\n{out}\n{err[-3000:]}"
-                )
-                continue
-            results.append(json.loads(lines[-1][len("RESULTS ") :]))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    return (None if problems else results), "\n".join(problems)
-
-
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    script = tmp_path_factory.mktemp("ddp") / "worker.py"
-    script.write_text(WORKER)
-    # One retry: the free port can be taken by another process between the probe and
-    # the rendezvous. Both attempts' problems are shown if both fail.
-    problems = []
-    deadline = time.monotonic() + TIMEOUT_S
-    for _ in range(2):
-        if time.monotonic() >= deadline:
-            break
-        results, problem = _run_ranks(script, deadline)
-        if results is not None:
-            return results
-        problems.append(problem)
-    pytest.fail("the two DDP ranks failed twice:\n" + "\n---\n".join(problems))
+    return run_two_ranks(WORKER, tmp_path_factory.mktemp("ddp"), TIMEOUT_S)
 
 
 REQUIRES_STATIC_GRAPH = "error: Expected to mark a variable ready only once."

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
-import os
-import socket
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from _simulated_host import simulated  # loaded by tests/conftest.py
+from accel_two_ranks import run_two_ranks  # loaded by tests/conftest.py
 
 from checkpointing import CheckpointPlan, plan_checkpointing
 
@@ -117,55 +113,9 @@ RANK = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_two_ranks_one_under_a_perturbed_clock_plan_alike(tmp_path: Path) -> None:
     family = "gpt2" if zoo.unusable("gpt2") is None else "custom"
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    port = _free_port()
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env={
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "PYTHONPATH": pythonpath,
-                "OMP_NUM_THREADS": "1",
-                "REPO": str(REPO),
-                "FAMILY": family,
-                "ACCEL": "cpu",
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(2)
-    ]
-    deadline = time.monotonic() + 300
-    outputs = []
-    for process in processes:
-        try:
-            out, _ = process.communicate(timeout=max(deadline - time.monotonic(), 1))
-        except subprocess.TimeoutExpired:
-            for other in processes:
-                other.kill()
-            pytest.fail("the two ranks did not finish planning within 300 s")
-        assert process.returncode == 0, out
-        outputs.append(out)
-    plans = [
-        json.loads(next(line for line in out.splitlines() if line.startswith("PLANS "))[6:])
-        for out in outputs
-    ]
+    plans = run_two_ranks(RANK, tmp_path, 300, env={"FAMILY": family, "ACCEL": "cpu"}, tag="PLANS")
     assert plans[0]["own"]["decisions"], "the plan checkpoints something"
     assert plans[0]["own"] == plans[1]["own"]  # each rank planned alone: the same plan
     assert plans[0]["agreed"] == plans[1]["agreed"] == plans[0]["own"]  # and rank 0's

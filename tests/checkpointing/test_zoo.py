@@ -113,9 +113,7 @@ def test_budget_plan_is_exact_fits_and_is_not_dominated(family: str, budget: flo
     _assert_not_dominated(plan, repeated=family != "lstm")  # one LSTM: nothing repeats
 
 
-@pytest.mark.parametrize(
-    "family", ["shared", pytest.param("albert", marks=_needs("albert"))]
-)
+@pytest.mark.parametrize("family", ["shared", pytest.param("albert", marks=_needs("albert"))])
 @pytest.mark.parametrize("budget", [0.5, 0.25])
 def test_one_layer_called_at_every_depth_is_planned_call_by_call(
     family: str, budget: float
