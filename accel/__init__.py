@@ -39,6 +39,7 @@ from ._protocol import (
     optional_members,
     protocol_members,
 )
+from ._resolve import resolve_backend
 from ._select import (
     BackendInfo,
     Selection,
@@ -83,5 +84,6 @@ __all__ = [
     "protocol_members",
     "recompute_barrier",
     "reset_backends",
+    "resolve_backend",
     "select_backend",
 ]

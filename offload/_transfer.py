@@ -55,30 +55,16 @@ def copies_needed(device: torch.device, offload_device: torch.device) -> bool:
 
 
 def resolve_backend(backend: Any) -> Accelerator:
-    """Return ``backend``, or ``accel.get_backend(backend)`` for a name or ``None``.
+    """Return the backend ``backend`` names, by :func:`accel.resolve_backend`'s rule.
+
+    ``None`` is :func:`accel.get_backend`; errors are prefixed with ``offload:``.
 
     Raises:
-        offload.OffloadConfigError: ``backend`` is neither a backend, a name nor ``None``,
-            or no backend has that name.
+        accel.AccelTypeError: ``backend`` is neither a backend, a name nor ``None``.
+        accel.BackendNotFoundError, accel.BackendUnavailableError: No backend has that
+            name, or it cannot run here.
     """
-    if backend is None:
-        return accel.get_backend()
-    if isinstance(backend, str):
-        try:
-            return accel.get_backend(backend)
-        except AccelError as exc:
-            raise OffloadConfigError(f"offload: backend={backend!r} cannot be used: {exc}") from exc
-    # hasattr, not isinstance: Python 3.12+ checks protocols without __getattr__, which
-    # delegating backends (RecordingBackend) rely on.
-    missing = [member for member in accel.protocol_members() if not hasattr(backend, member)]
-    if missing:
-        raise OffloadConfigError(
-            f"offload: backend must be an accel backend (from accel.get_backend()), a backend "
-            f"name such as 'cuda', or None for the default, got {type(backend).__name__} "
-            f"(it lacks {', '.join(missing[:3])}...); run `python -m accel` to list the "
-            "backends."
-        )
-    return backend  # type: ignore[no-any-return]
+    return accel.resolve_backend(backend, "offload")
 
 
 def resolve_device(device: Any, backend: Accelerator) -> torch.device:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+import accel
 from checkpointing import checkpoint
 from offload import OffloadConfigError, OffloadStateError, State, offload_parameters
 from offload._state import StateMachine
@@ -247,7 +248,7 @@ def test_configuration_errors() -> None:
     with pytest.raises(OffloadConfigError, match="not available to backend 'cpu'"):
         offload_parameters(make(), device="meta")
     offload_parameters(make(), backend="recording").remove()  # a backend name works
-    with pytest.raises(OffloadConfigError, match=r"^offload: backend must be an accel backend"):
+    with pytest.raises(accel.AccelTypeError, match=r"^offload: backend must be an accel backend"):
         offload_parameters(make(), backend=object())  # type: ignore[arg-type]
 
 
