@@ -30,9 +30,10 @@ from ._errors import (
     ProtocolViolationError,
 )
 from ._hookspecs import hookimpl
-from ._optional import recompute_barrier
+from ._optional import copy_engines, recompute_barrier
 from ._protocol import (
     Accelerator,
+    CopyEngines,
     Event,
     RecomputeBarrier,
     Stream,
@@ -64,6 +65,7 @@ __all__ = [
     "BackendSpec",
     "BackendUnavailableError",
     "ConfigurationError",
+    "CopyEngines",
     "DeviceIndexError",
     "DistributedSetupError",
     "Event",
@@ -76,6 +78,7 @@ __all__ = [
     "RecomputeBarrier",
     "Selection",
     "Stream",
+    "copy_engines",
     "get_backend",
     "hookimpl",
     "list_backends",

@@ -83,6 +83,9 @@ class Residency:
                 self._uses[user].append(len(self.slices) + offset)
         self._buffers = [_Buffer() for _ in range(self._ping + len(shared))]
         self._grads: dict[int, _Gradients] = {}
+        # Per storage, the event after the last store into its host memory (gradients,
+        # running statistics): a load that reads that memory waits for it.
+        self._stored: dict[int, Any] = {}
         # Host gradients, one pinned block per dtype laid out like the parameters' block
         # (see _storage.pack_in_blocks), and the storages whose part was handed out.
         self._grad_blocks: dict[torch.dtype, torch.Tensor] = {}
@@ -153,6 +156,7 @@ class Residency:
             buffer.holder = index
             if self.copy:
                 self.transfers.copy_waits(buffer.done)
+                self.transfers.copy_waits(self._stored.get(index))
                 with self.transfers.on_copy_stream() as compute:
                     tensors = self._device_tensors(buffer, parity, compute)
                     for dtype, flat in storage.flats.items():
@@ -163,6 +167,8 @@ class Residency:
                 buffer.loaded = self.transfers.copy_event()
             self.max_resident = max(self.max_resident, len(self.resident))
         if grads and index not in self._grads:
+            if self.copy:
+                self.transfers.copy_waits(self._stored.get(index))
             self._grads[index] = self._load_grads(storage)
             if self.copy:
                 buffer.loaded = self.transfers.copy_event()
@@ -281,8 +287,9 @@ class Residency:
         hosts = self._host_grads(storage, stash, new_grads)
         copies = (buffers_to_host and bool(storage.buffers)) or bool(new_grads)
         if copies:
-            self.transfers.copy_waits(buffer.done)
-            with self.transfers.on_copy_stream():
+            read_buffer = False
+            self.transfers.copy_waits(buffer.done, store=True)
+            with self.transfers.on_copy_stream(store=True):
                 if buffers_to_host:
                     for dtype, flat in storage.flats.items():
                         if flat.buffers_start < flat.numel:
@@ -292,10 +299,14 @@ class Residency:
                                 buffer.tensors[dtype][start:stop],
                                 non_blocking=self.transfers.non_blocking,
                             )
+                            read_buffer = True
                 for key, device_grad in new_grads.items():
                     hosts[key].copy_(device_grad, non_blocking=self.transfers.non_blocking)
-                    self.transfers.used_by(device_grad, self.transfers.stream)
-            self.transfers.copy_event()
+                    self.transfers.used_by(device_grad, self.transfers.store_stream)
+            stored = self.transfers.copy_event(store=True)
+            self._stored[index] = stored
+            if read_buffer:
+                buffer.done = stored  # the next load into this buffer waits for the read
         for parameter in storage.parameters:
             parameter.grad = hosts.get(id(parameter), stash.stashed.get(id(parameter)))
 

@@ -67,6 +67,7 @@ class Unit:
     stashed: dict[int, torch.Tensor | None] = field(default_factory=dict)
     attached: bool = False
     fired: set[int] = field(default_factory=set)
+    stored: Any = None  # the event after the last gradient store into host memory
     resumes_backward: bool = False
 
     @property
@@ -146,6 +147,7 @@ class Mover:
         if grads and unit.device_grads is None:
             unit.device_grads = {}
             if self.copy:
+                transfers.copy_waits(unit.stored)  # host gradients written on the store stream
                 with transfers.on_copy_stream() as compute:
                     for parameter in unit.storage.parameters:
                         host = unit.stashed.get(id(parameter)) if unit.attached else parameter.grad
@@ -198,11 +200,11 @@ class Mover:
             host = self.transfers.empty_host(
                 parameter.shape, parameter.grad.dtype, dense_stride(parameter)
             )
-        self.transfers.copy_waits_for_compute()
-        with self.transfers.on_copy_stream():
+        self.transfers.copy_waits_for_compute(store=True)
+        with self.transfers.on_copy_stream(store=True):
             host.copy_(parameter.grad, non_blocking=self.transfers.non_blocking)
-            self.transfers.used_by(parameter.grad, self.transfers.stream)
-        self.transfers.copy_event()
+            self.transfers.used_by(parameter.grad, self.transfers.store_stream)
+        unit.stored = self.transfers.copy_event(store=True)
         unit.stashed[id(parameter)] = host
 
     def detach(self, unit: Unit) -> None:
