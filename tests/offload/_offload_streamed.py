@@ -121,6 +121,7 @@ class Timeline(TorchDispatchMode):
         self.accesses: dict[int, list[Access]] = {}
         self.log: list[tuple[str, int, int]] = []
         self.ops: list[tuple[str, int]] = []
+        self.allocations: list[tuple[int, int]] = []  # (stream id, elements)
         self._alive: list[Any] = []  # memory is never reused while recording
 
     def host_waits(self, clock: dict[int, int]) -> None:
@@ -144,6 +145,7 @@ class Timeline(TorchDispatchMode):
         ):
             return out  # a view: no memory is read or written
         if name in _ALLOCATIONS:
+            self.allocations.append((stream.id, out.numel()))
             self._alive.append(out)  # new memory, no values; never reused while recording
             return out
         named = dict(zip((a.name for a in schema.arguments), args, strict=False)) | kwargs
