@@ -20,6 +20,7 @@ from torch import nn
 
 import accel
 from offload import OffloadModel, offload_parameters
+from offload._swap import SwapData
 from offload._transfer import Transfers
 
 pytestmark = pytest.mark.usefixtures("copies")
@@ -91,7 +92,8 @@ def transfers_of(model: nn.Module) -> Transfers:
 
     handle = ParameterOffload.of(model)
     assert handle is not None
-    return handle._mover.transfers
+    assert isinstance(handle.strategy, SwapData)
+    return handle.strategy.transfers
 
 
 @pytest.mark.parametrize("kind", ["batch-norm", "tied"])
