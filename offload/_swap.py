@@ -197,10 +197,14 @@ class SwapData:
         for unit in self._units:
             if not unit.attached:
                 self._mover.drop(unit)
+        backward = False
         if output is not None and torch.is_grad_enabled():
             for tensor in output_tensors(output):
                 if tensor.requires_grad:
+                    backward = True
                     tensor.register_hook(weak_hook(self, "_root_pre_backward"))
+        if not backward:
+            self._mover.clear_spare()  # no backward to reuse it: the step ends here
 
     def _pre_forward(self, module: nn.Module, args: Any, unit: Unit) -> None:
         if self._copy:
@@ -303,6 +307,7 @@ class SwapData:
                 unit.machine.enter(State.IDLE, why="backward finished")
             self._mover.detach(unit)
             self._mover.drop(unit)
+        self._mover.clear_spare()
         self._mover.transfers.wait_host()
         if forward:
             for unit in self._units:
@@ -341,6 +346,7 @@ class SwapData:
         self._saved.exit()
         self._depth = 0
         self._callback_queued = False
+        self._mover.clear_spare()
         self._mover.transfers.wait_host()
 
     def remove(self) -> None:
@@ -359,6 +365,7 @@ class SwapData:
                 f"offload: cannot remove the parameter offload while the model is in "
                 f"{self.state.name}; call remove() between steps (or recover() first)."
             )
+        self._mover.clear_spare()
         self._mover.transfers.wait_host()
         for handle in self._handles:
             handle.remove()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -118,11 +119,14 @@ class Timeline(TorchDispatchMode):
         self.compute = ClockStream(self)
         self.current = self.compute
         self.host: dict[int, int] = {}
-        self.accesses: dict[int, list[Access]] = {}
+        self.accesses: dict[tuple[int, int], list[Access]] = {}
         self.log: list[tuple[str, int, int]] = []
         self.ops: list[tuple[str, int]] = []
         self.allocations: list[tuple[int, int]] = []  # (stream id, elements)
-        self._alive: list[Any] = []  # memory is never reused while recording
+        # Per address, a weak reference to the storage there and its generation: memory
+        # freed and allocated again is another block (weak, so that nothing is kept alive
+        # and offload's own reuse, of memory it still holds, stays one block).
+        self._blocks: dict[int, tuple[StorageWeakRef, int]] = {}
 
     def host_waits(self, clock: dict[int, int]) -> None:
         for stream, tick in clock.items():
@@ -144,9 +148,8 @@ class Timeline(TorchDispatchMode):
             r.alias_info is not None and not r.alias_info.is_write for r in schema.returns
         ):
             return out  # a view: no memory is read or written
-        if name in _ALLOCATIONS:
+        if name in _ALLOCATIONS:  # new memory, no values
             self.allocations.append((stream.id, out.numel()))
-            self._alive.append(out)  # new memory, no values; never reused while recording
             return out
         named = dict(zip((a.name for a in schema.arguments), args, strict=False)) | kwargs
         written = [
@@ -165,13 +168,28 @@ class Timeline(TorchDispatchMode):
             if isinstance(value, torch.Tensor) and id(value) not in writes
         ]
         for tensor, write in [*((t, True) for t in written), *((t, False) for t in read)]:
-            key, span = _where(tensor)
-            if key:  # 0: no memory (an empty tensor)
+            key, span = self._where(tensor)
+            if key[0]:  # 0: no memory (an empty tensor)
                 self.accesses.setdefault(key, []).append(
                     Access(position, name, stream.id, tick, clock, write, span)
                 )
-        self._alive.append((args, kwargs, out))
         return out
+
+    def _where(self, tensor: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The block ``tensor`` lives in ((0, 0): none) and the bytes of it that it spans."""
+        storage = tensor.untyped_storage()
+        if not storage.nbytes() or not tensor.numel():
+            return (0, 0), (0, 0)
+        address = int(storage.data_ptr())
+        known = self._blocks.get(address)
+        generation = 0 if known is None else known[1] + int(known[0].expired())
+        if known is None or known[0].expired():
+            self._blocks[address] = (StorageWeakRef(storage), generation)
+        size = tensor.element_size()
+        start = tensor.storage_offset() * size
+        steps = zip(tensor.shape, tensor.stride(), strict=True)
+        extent = 1 + sum((n - 1) * abs(step) for n, step in steps)
+        return (address, generation), (start, start + extent * size)
 
     def races(self) -> list[tuple[Access, Access]]:
         """Pairs (earlier, later) on different streams, one writing, not ordered."""
@@ -190,19 +208,6 @@ class Timeline(TorchDispatchMode):
     def copies_on(self, stream: Any) -> int:
         """How many ``copy_`` operations were queued on ``stream``."""
         return sum(1 for name, sid in self.ops if name == "copy_" and sid == stream.id)
-
-
-def _where(tensor: torch.Tensor) -> tuple[int, tuple[int, int]]:
-    """The storage ``tensor`` lives in (0 for none) and the bytes of it that it spans."""
-    storage = tensor.untyped_storage()
-    if not storage.nbytes() or not tensor.numel():
-        return 0, (0, 0)
-    size = tensor.element_size()
-    start = tensor.storage_offset() * size
-    extent = 1 + sum(
-        (n - 1) * abs(step) for n, step in zip(tensor.shape, tensor.stride(), strict=True)
-    )
-    return int(storage.data_ptr()), (start, start + extent * size)
 
 
 class StreamedCpu(CpuBackend):

@@ -10,6 +10,7 @@ last reader. Removing one wait makes the detector fail, so it cannot pass by acc
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -159,3 +160,22 @@ def test_the_detector_sees_a_missing_wait(
     model = WRAPPERS[wrapper](StreamedCpu(timeline, copy_engines=2), False, "tied")
     train(model, timeline)
     assert timeline.races(), "a wait was removed, yet no race was found"
+
+
+def test_parameter_offload_reuses_the_memory_of_dropped_units() -> None:
+    # Six blocks of one shape: a unit loads into the memory its predecessor left, once
+    # compute is done with it (the race detector checks that wait), not into new memory.
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(6)])
+    expected = train(copy.deepcopy(model))
+    timeline = Timeline()
+    backend = StreamedCpu(timeline, copy_engines=2)
+    offload_parameters(model, prefetch=1, backend=backend)
+    got = train(model, timeline)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    load = transfers_of(model).stream
+    allocations = [numel for stream, numel in timeline.allocations if stream == load.id]
+    flats = [numel for numel in allocations if numel >= 8 * 8 + 8]
+    # Without reuse: one flat per unit load, twice per step (forward and backward).
+    assert 0 < len(flats) <= 3 * (1 + 2), flats
+    assert not timeline.races()
