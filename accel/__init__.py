@@ -30,15 +30,17 @@ from ._errors import (
     ProtocolViolationError,
 )
 from ._hookspecs import hookimpl
-from ._optional import recompute_barrier
+from ._optional import copy_engines, recompute_barrier
 from ._protocol import (
     Accelerator,
+    CopyEngines,
     Event,
     RecomputeBarrier,
     Stream,
     optional_members,
     protocol_members,
 )
+from ._resolve import resolve_backend
 from ._select import (
     BackendInfo,
     Selection,
@@ -63,6 +65,7 @@ __all__ = [
     "BackendSpec",
     "BackendUnavailableError",
     "ConfigurationError",
+    "CopyEngines",
     "DeviceIndexError",
     "DistributedSetupError",
     "Event",
@@ -75,6 +78,7 @@ __all__ = [
     "RecomputeBarrier",
     "Selection",
     "Stream",
+    "copy_engines",
     "get_backend",
     "hookimpl",
     "list_backends",
@@ -83,5 +87,6 @@ __all__ = [
     "protocol_members",
     "recompute_barrier",
     "reset_backends",
+    "resolve_backend",
     "select_backend",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "selective_cache_allows_mutation",
     "selective_checkpoint_api",
     "selective_contexts",
+    "sole_owner",
     "torch_release",
 ]
 
@@ -347,3 +348,18 @@ def pin_memory(tensor: torch.Tensor, device_type: str) -> torch.Tensor:
             return tensor
         return tensor.pin_memory(device_type)
     return tensor if tensor.is_pinned() else tensor.pin_memory()
+
+
+def sole_owner(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is the only tensor (or view) holding its storage's memory.
+
+    torch has no public way to ask; ``torch._C._storage_Use_Count`` (present in every
+    release accel supports, 2.4 to 2.15) counts the storage's owners, here ``tensor`` and
+    the storage object this call makes. Where a release lacks it, the answer is ``False``:
+    a caller then never reuses memory someone else may still read.
+    """
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return False
+    storage = tensor.untyped_storage()
+    return int(count(storage._cdata)) <= 2

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ._protocol import Accelerator, RecomputeBarrier
+from ._protocol import Accelerator, CopyEngines, RecomputeBarrier
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["recompute_barrier"]
+__all__ = ["copy_engines", "recompute_barrier"]
 
 
 def recompute_barrier(backend: Accelerator, tensors: Sequence[torch.Tensor]) -> None:
@@ -36,3 +36,28 @@ def recompute_barrier(backend: Accelerator, tensors: Sequence[torch.Tensor]) -> 
         backend.recompute_barrier(list(tensors))
     else:
         backend.mark_step()
+
+
+def copy_engines(backend: Accelerator) -> int:
+    """Return how many host-device copies can run at once on ``backend``'s device.
+
+    ``backend.copy_engines`` where the backend defines it (:class:`accel.CopyEngines`);
+    otherwise ``1`` for a backend with streams and ``0`` for one without, which keeps
+    what algorithms did before the member existed (one copy stream, or copies in order).
+
+    Args:
+        backend: The backend to ask.
+
+    Returns:
+        A non-negative count; never above ``0`` where ``supports_streams`` is false.
+
+    Example::
+
+        import accel
+
+        assert accel.copy_engines(accel.get_backend("cpu")) == 0
+    """
+    if not backend.supports_streams:
+        return 0
+    engines = backend.copy_engines if isinstance(backend, CopyEngines) else 1
+    return max(0, int(engines))

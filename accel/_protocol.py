@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Accelerator",
+    "CopyEngines",
     "Event",
     "RecomputeBarrier",
     "Stream",
@@ -92,8 +93,9 @@ class Accelerator(Protocol):
 
     Optional members (:func:`optional_members`) may be left out: accel supplies a
     default for a backend that does not define them, so adding one never makes an
-    existing plugin incomplete. Today there is one, ``recompute_barrier``
-    (:class:`RecomputeBarrier`; default :func:`accel.recompute_barrier`).
+    existing plugin incomplete. Today there are two: ``recompute_barrier``
+    (:class:`RecomputeBarrier`; default :func:`accel.recompute_barrier`) and
+    ``copy_engines`` (:class:`CopyEngines`; default :func:`accel.copy_engines`).
     """
 
     # Identity -----------------------------------------------------------------------
@@ -315,6 +317,29 @@ class RecomputeBarrier(Protocol):
         """
 
 
+@runtime_checkable
+class CopyEngines(Protocol):
+    """The optional member that says how many host-device copies can run at once.
+
+    Algorithms that move data both ways (``offload``: parameters to the device,
+    gradients back) put each direction on a stream of its own only where the two can
+    really overlap; on a device with one copy engine a second copy stream would only
+    queue behind the first.
+    """
+
+    @property
+    def copy_engines(self) -> int:
+        """How many copies between host and device memory can run at the same time.
+
+        ``0``: copies are not asynchronous (no streams; they run in order with the
+        rest). ``1``: one copy at a time, overlapping compute (one copy stream is
+        enough). ``2`` or more: a host-to-device and a device-to-host copy run at once
+        (separate copy engines), so each direction gets a stream of its own. Reading
+        it never initialises the device. Without the member, accel assumes ``1``
+        where :attr:`Accelerator.supports_streams` is true, else ``0``.
+        """
+
+
 def protocol_members() -> tuple[str, ...]:
     """Return the names every :class:`Accelerator` must provide, sorted."""
     return _PROTOCOL_MEMBERS
@@ -325,7 +350,9 @@ def _declared_members(protocol: type) -> tuple[str, ...]:
 
 
 _PROTOCOL_MEMBERS = _declared_members(Accelerator)
-_OPTIONAL_MEMBERS = _declared_members(RecomputeBarrier)
+_OPTIONAL_MEMBERS = tuple(
+    sorted({*_declared_members(RecomputeBarrier), *_declared_members(CopyEngines)})
+)
 
 
 def optional_members() -> tuple[str, ...]:

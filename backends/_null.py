@@ -82,6 +82,7 @@ class WithoutStreams:
     """Stream members for a backend whose work is ordered without user-visible streams."""
 
     supports_streams = False
+    copy_engines = 0
     Stream = NullStream
     Event = NullEvent
     _null_stream = NullStream()

@@ -37,6 +37,9 @@ class TorchDeviceBackend:
     is_lazy = False
     is_asynchronous = True
     supports_streams = True
+    # One copy stream, overlapping compute: what every device with streams can do.
+    # A device whose host-to-device and device-to-host copies overlap says 2.
+    copy_engines = 1
     supports_pinned_memory = True
     supports_memory_stats = True
     compile_backend = "inductor"

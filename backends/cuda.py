@@ -33,6 +33,9 @@ class CudaBackend(TorchDeviceBackend):
     name = "cuda"
     device_type = "cuda"
     communication_backend = "nccl"
+    # Every data-centre GPU (and consumer ones since Kepler) copies each way on its own
+    # engine; a constant, so that reading it initialises nothing.
+    copy_engines = 2
 
     def __init__(self) -> None:
         super().__init__(torch.cuda)

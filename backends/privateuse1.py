@@ -110,6 +110,11 @@ class PrivateUse1Backend(TorchDeviceBackend):
         return self._has_streams
 
     @property
+    def copy_engines(self) -> int:  # type: ignore[override]
+        """2 with streams (each runs on its own, as torch's stream API promises), else 0."""
+        return 2 if self._has_streams else 0
+
+    @property
     def supports_memory_stats(self) -> bool:  # type: ignore[override]
         """Whether the device answers ``memory_allocated`` (asked once; may initialise it)."""
         if self._memory_stats is None:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from accel import Accelerator, BackendSpec, hookimpl, protocol_members
+from accel import Accelerator, BackendSpec, copy_engines, hookimpl, protocol_members
 
 from ._common import one_host_device
 from .cpu import CpuBackend
@@ -71,6 +71,11 @@ class RecordingBackend:
 
         record_and_call.__name__ = member
         return record_and_call
+
+    @property
+    def copy_engines(self) -> int:
+        """The inner backend's :func:`accel.copy_engines` (read through, not recorded)."""
+        return copy_engines(self._inner)
 
     @property
     def inner(self) -> Accelerator:

@@ -47,32 +47,21 @@ def default_backend(values: Iterable[Any]) -> Accelerator:
 
 
 def resolve_backend(backend: Any, *, where: str = "backend") -> Accelerator | None:
-    """Return the backend ``backend`` names: itself, or ``accel.get_backend(name)``.
+    """Return the backend ``backend`` names, by :func:`accel.resolve_backend`'s rule.
 
-    ``None`` stays ``None`` (the caller picks :func:`accel.get_backend` when it runs).
+    ``None`` stays ``None``: a checkpoint picks its backend when it runs, from its
+    inputs' device (:func:`default_backend`), where :func:`accel.resolve_backend` would
+    take :func:`accel.get_backend` now.
 
     Raises:
-        TypeError: ``backend`` is neither ``None``, a name nor an object with every
-            :class:`accel.Accelerator` member.
-        accel.BackendNotFoundError, accel.BackendUnavailableError: From
-            :func:`accel.get_backend`, for a name that is unknown or unusable here.
+        accel.AccelTypeError: ``backend`` is neither ``None``, a name nor an object
+            with every :class:`accel.Accelerator` member.
+        accel.BackendNotFoundError, accel.BackendUnavailableError: For a name that is
+            unknown or unusable here.
     """
     if backend is None:
         return None
-    if isinstance(backend, str):
-        return accel.get_backend(backend)
-    # hasattr, not isinstance(backend, Accelerator): from Python 3.12 a runtime protocol
-    # check ignores members served by __getattr__ (as RecordingBackend serves them).
-    missing = [name for name in accel.protocol_members() if not hasattr(backend, name)]
-    if not missing:
-        result: Accelerator = backend
-        return result
-    raise TypeError(
-        f"checkpointing: {where} must be an accel backend (accel.get_backend(...)) or a "
-        f"backend name such as 'cpu', got {backend!r} ({type(backend).__name__}"
-        + (f", which lacks {', '.join(missing[:5])}" if missing else "")
-        + "). Pass get_backend(name), the name itself, or None for the default backend."
-    )
+    return accel.resolve_backend(backend, "checkpointing", where=where)
 
 
 def require_bool(value: Any, name: str) -> bool:

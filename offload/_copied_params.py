@@ -15,7 +15,6 @@ of keeping them on the device.
 
 from __future__ import annotations
 
-import weakref
 from contextlib import ExitStack
 from typing import Any
 
@@ -26,11 +25,10 @@ from accel import Accelerator
 
 from ._copies import Slots, load, slots_of, substituted, unique
 from ._errors import OffloadStateError
-from ._handle import ParameterOffload, _strong, _weak
-from ._registry import ACTIVE, ACTIVE_LOCK
+from ._hooks import strong_hook, weak_hook
 from ._state import State
 
-__all__ = ["CopiedOffload"]
+__all__ = ["CopyParameters"]
 
 
 class _CopiedUnit:
@@ -45,11 +43,20 @@ class _CopiedUnit:
         self.active: list[ExitStack] = []
 
 
-class CopiedOffload(ParameterOffload):
-    """A :class:`offload.ParameterOffload` that loads parameters as device copies.
+class CopyParameters:
+    """Offloads by loading parameters as differentiable device copies.
 
-    For a device whose tensors cannot stand in for host ones; the public surface is the
-    same. ``prefetch`` is kept for the record: a copy is issued when its module runs.
+    The strategy behind :class:`offload.ParameterOffload` on a device whose tensors
+    cannot stand in for host ones; the handle forwards its public surface here.
+    ``prefetch`` is kept for the record: a copy is issued when its module runs.
+
+    Args:
+        module: The model.
+        chosen: Each unit's label, module and parameters.
+        prefetch: Kept for the record.
+        backend: The backend.
+        device: The compute device.
+        keep: What the root's forward pre-hook holds (the handle).
     """
 
     def __init__(
@@ -60,6 +67,7 @@ class CopiedOffload(ParameterOffload):
         prefetch: int,
         backend: Accelerator,
         device: torch.device,
+        keep: object,
     ) -> None:
         self.module = module
         self.backend = backend
@@ -71,7 +79,7 @@ class CopiedOffload(ParameterOffload):
         self._order: list[int] = []
         self._backward: list[int] = []
         self._order_done = False
-        self._units: list[_CopiedUnit] = []  # type: ignore[assignment]
+        self._units: list[_CopiedUnit] = []
         covered: set[int] = set()
         for index, (name, unit_module, params) in enumerate(chosen):
             wanted = {id(p) for p in params}
@@ -90,17 +98,17 @@ class CopiedOffload(ParameterOffload):
             for table, name, tensor in self._buffers:
                 table[name] = tensor.to(device)
         self._handles = [
-            module.register_forward_pre_hook(_strong(self), prepend=True),
-            module.register_forward_hook(_weak(self, "_root_post_forward"), always_call=True),
+            module.register_forward_pre_hook(strong_hook(self, keep), prepend=True),
+            module.register_forward_hook(weak_hook(self, "_root_post_forward"), always_call=True),
         ]
         for unit in self._units:
             assert unit.module is not None
-            self._handles.append(unit.module.register_forward_pre_hook(_weak(self, "_pre", unit)))
             self._handles.append(
-                unit.module.register_forward_hook(_weak(self, "_post", unit), always_call=True)
+                unit.module.register_forward_pre_hook(weak_hook(self, "_pre", unit))
             )
-        with ACTIVE_LOCK:
-            ACTIVE[module] = weakref.ref(self)
+            self._handles.append(
+                unit.module.register_forward_hook(weak_hook(self, "_post", unit), always_call=True)
+            )
 
     # Read-only views -------------------------------------------------------------------
 
@@ -150,7 +158,7 @@ class CopiedOffload(ParameterOffload):
         if not self._order_done and unit.module is not None and torch.is_grad_enabled():
             first = next((c for c in copies if c.requires_grad), None)
             if first is not None:
-                first.register_hook(_weak(self, "_reached", unit.index, drop_args=True))
+                first.register_hook(weak_hook(self, "_reached", unit.index, drop_args=True))
         stack = ExitStack()
         stack.enter_context(
             substituted(unit.slots, dict(zip(map(id, unit.hosts), copies, strict=True)))
@@ -218,7 +226,3 @@ class CopiedOffload(ParameterOffload):
                 home.copy_(table[name].to(home.device))
                 table[name] = home
         self._removed = True
-        with ACTIVE_LOCK:
-            ref = ACTIVE.get(self.module)
-            if ref is not None and ref() is self:
-                del ACTIVE[self.module]

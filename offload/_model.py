@@ -21,13 +21,14 @@ from accel import Accelerator
 from checkpointing._state_dict import keep_plain_keys
 
 from . import _transfer
+from ._config import Config, Pass
 from ._copied_model import CopiedSlices
 from ._copies import require_host, swaps_data
 from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
-from ._run import Config, Pass, parameter_bytes, run_slice
+from ._run import parameter_bytes, run_slice
 from ._slices import Residency
 from ._state import State, StateMachine
-from ._storage import SliceStorage, pack_in_blocks, partition
+from ._storage import pack_slices, partition
 from ._transfer import HostPool, Transfers, resolve_backend, resolve_device
 
 __all__ = ["OffloadModel"]
@@ -185,7 +186,7 @@ class OffloadModel(nn.Module):
                 batched_kwargs=batched,
             )
         transfers = Transfers(backend)
-        storages, shared = _pack_slices(layers, runs, transfers, copy=copy)
+        storages, shared = pack_slices(layers, runs, transfers, copy=copy)
         self._backend = backend
         self._device = compute_device
         self._offload_device = home
@@ -356,59 +357,3 @@ class OffloadModel(nn.Module):
             f"slices={list(self._runs)}, checkpoint_activation={self.checkpoint_activation}, "
             f"num_microbatches={self.num_microbatches}"
         )
-
-
-def _pack_slices(
-    layers: Sequence[nn.Module], runs: Sequence[range], transfers: Transfers, *, copy: bool
-) -> tuple[list[SliceStorage], list[tuple[SliceStorage, list[int]]]]:
-    """Pack each slice's tensors; tensors used by several slices are packed once, apart."""
-    users: dict[int, list[int]] = {}
-    tensors: dict[int, torch.Tensor] = {}
-    for index, run in enumerate(runs):
-        for layer in layers[run.start : run.stop]:
-            for tensor in [*layer.parameters(), *layer.buffers()]:
-                tensors[id(tensor)] = tensor
-                slices = users.setdefault(id(tensor), [])
-                if index not in slices:
-                    slices.append(index)
-    groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
-    for key, slices in users.items():
-        if len(slices) > 1:
-            groups.setdefault(tuple(slices), []).append(tensors[key])
-    storages = []
-    for index, run in enumerate(runs):
-        chunk = layers[run.start : run.stop]
-        last = run.stop - 1
-        span = f"layer {run.start}" if last == run.start else f"layers {run.start}-{last}"
-        storages.append(
-            SliceStorage(
-                index,
-                f"slice {index} ({span})",
-                chunk,
-                [p for layer in chunk for p in layer.parameters() if len(users[id(p)]) == 1],
-                [b for layer in chunk for b in layer.buffers() if len(users[id(b)]) == 1],
-                transfers,
-                copy=copy,
-                allocate=False,
-            )
-        )
-    shared = []
-    for number, (users_of, group) in enumerate(groups.items()):
-        names = ", ".join(str(k) for k in users_of)
-        storage = SliceStorage(
-            len(runs) + number,
-            f"tensors shared by slices {names}",
-            [],
-            [t for t in group if isinstance(t, nn.Parameter)],
-            [t for t in group if not isinstance(t, nn.Parameter)],
-            transfers,
-            copy=copy,
-            allocate=False,
-        )
-        for k in users_of:
-            # A slice whose only trainable parameters are shared still needs its backward.
-            storages[k].trainable = storages[k].trainable or storage.trainable
-        shared.append((storage, list(users_of)))
-    if copy:
-        pack_in_blocks([*storages, *(storage for storage, _ in shared)], transfers)
-    return storages, shared

@@ -1,7 +1,9 @@
 """``offload_parameters``: keep any model's parameters in host memory, load them per module.
 
 Each chosen submodule becomes a *unit* whose own parameters are packed into page-locked
-host memory; hooks (:mod:`offload._handle`) load a unit when its module runs. A
+host memory; hooks load a unit when its module runs, through one of the two strategies
+behind the handle (:mod:`offload._handle`): :mod:`offload._swap` swaps ``.data``,
+:mod:`offload._copied_params` loads differentiable copies. A
 parameter used by several chosen modules (tied weights: an embedding shared with the
 output projection) is packed once, in a *group* of its own, which every module using
 it loads while it runs; its gradient is the sum over its uses, accumulated on the device
@@ -18,13 +20,13 @@ from torch import nn
 from accel import Accelerator
 
 from . import _transfer
-from ._copied_params import CopiedOffload
+from ._copied_params import CopyParameters
 from ._copies import require_host, swaps_data
 from ._errors import OffloadConfigError
-from ._handle import ParameterOffload
-from ._registry import active_offloads, offloaded_roots
+from ._handle import ParameterOffload, active_offloads, offloaded_roots
 from ._state import StateMachine
 from ._storage import SliceStorage, pack_in_blocks
+from ._swap import SwapData
 from ._transfer import Transfers, resolve_backend, resolve_device
 from ._units import Unit
 
@@ -154,6 +156,7 @@ def offload_parameters(
         chosen = _default_units(module)
     else:
         chosen = [(m, list(m.parameters())) for m in modules]
+    handle = ParameterOffload(module, backend=backend, device=compute_device, prefetch=prefetch)
     copy = _transfer.copies_needed(compute_device, torch.device("cpu"))
     if copy and not swaps_data(compute_device):
         require_host(module, compute_device)
@@ -162,9 +165,10 @@ def offload_parameters(
             (f"module {names.get(id(m), '?')!r} ({type(m).__name__})", m, params)
             for m, params in chosen
         ]
-        return CopiedOffload(
-            module, labelled, prefetch=prefetch, backend=backend, device=compute_device
+        copies = CopyParameters(
+            module, labelled, prefetch=prefetch, backend=backend, device=compute_device, keep=handle
         )
+        return handle.start(copies, "copy-parameters")
     covered = {id(p) for _, params in chosen for p in params}
     origins: list[tuple[torch.Tensor, torch.device, tuple[int, ...]]] = [
         (t, t.device, t.stride()) for t in [*module.parameters(), *module.buffers()]
@@ -176,7 +180,7 @@ def offload_parameters(
             for tensor, _, _ in origins:
                 if id(tensor) not in covered and tensor.device != compute_device:
                     tensor.data = tensor.data.to(compute_device)
-    return ParameterOffload(
+    swap = SwapData(
         module,
         units,
         prefetch=prefetch,
@@ -185,4 +189,6 @@ def offload_parameters(
         transfers=transfers,
         copy=copy,
         origins=origins,
+        keep=handle,
     )
+    return handle.start(swap, "swap-data")

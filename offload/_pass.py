@@ -1,6 +1,7 @@
 """One forward through the slices of an :class:`offload.OffloadModel`, and its backward.
 
-Each slice runs inside an autograd Function, :class:`offload._run.SliceFunction`. Its
+Each slice runs inside an autograd Function, :class:`offload._run.SliceFunction`
+(which imports this module; this one imports only :mod:`offload._config`). Its
 forward loads
 the slice (prefetching the next one), computes every micro-batch, and drops the slice;
 its backward loads the slice again (prefetching the previous one, and the previous
@@ -24,19 +25,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from checkpointing import checkpoint
 
 from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
+from ._config import Config, Pass
 from ._errors import OffloadError
 from ._state import State
 from ._transfer import dense_stride, placeholder
-
-if TYPE_CHECKING:
-    from ._run import Config, Pass
 
 __all__ = ["SliceRun"]
 
@@ -80,6 +79,7 @@ class SliceRun:
         self._concatenated: list[bool] = []
         self._offloaded: list[_Offloaded] = []
         self._restored: Any = None
+        self._stored: Any = None
         self._restore_issued = False
         self._released = False
         pass_.add(self)
@@ -204,19 +204,19 @@ class SliceRun:
         positional = [k for k in range(len(tensors)) if k not in self._keyword]
         if not positional:
             return
-        transfers.copy_waits_for_compute()
-        with transfers.on_copy_stream():
+        transfers.copy_waits_for_compute(store=True)
+        with transfers.on_copy_stream(store=True):
             for k in positional:
                 tensor = tensors[k]
                 host = self.config.pool.acquire(tensor)
                 host.copy_(tensor, non_blocking=transfers.non_blocking)
-                transfers.used_by(tensor, transfers.stream)
+                transfers.used_by(tensor, transfers.store_stream)
                 offloaded = _Offloaded(host, tensor.shape, dense_stride(tensor), tensor.dtype)
                 for chunk, (start, length) in zip(chunks, self._bounds, strict=True):
                     rows = (start, length) if self._split[k] else None
                     offloaded.leaves.append((chunk[k], rows))
                 self._offloaded.append(offloaded)
-        transfers.copy_event()
+        self._stored = transfers.copy_event(store=True)
 
     # Backward --------------------------------------------------------------------------
 
@@ -226,6 +226,7 @@ class SliceRun:
             return
         self._restore_issued = True
         config, transfers = self.config, self.config.transfers
+        transfers.copy_waits(self._stored)  # the host copies were made on the store stream
         with transfers.on_copy_stream() as compute:
             for offloaded in self._offloaded:
                 device = torch.empty_strided(
@@ -235,8 +236,9 @@ class SliceRun:
                 transfers.used_by(device, compute)
                 for leaf, rows in offloaded.leaves:
                     leaf.data = device if rows is None else device.narrow(0, *rows)
-                config.pool.release(offloaded.host)
         self._restored = transfers.copy_event()
+        for offloaded in self._offloaded:
+            config.pool.release(offloaded.host, self._restored)
 
     def backward(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Back-propagate ``grads`` (for the outputs) through the slice."""

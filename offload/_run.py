@@ -2,32 +2,23 @@
 
 :func:`run_slice` runs one slice of a forward. With autograd recording, the slice runs
 inside :class:`SliceFunction`, whose backward is the slice's whole backward
-(:meth:`offload._pass.SliceRun.backward`); :class:`Pass` remembers one forward's slice
-runs, so that a slice's backward can prefetch the one before it.
+(:meth:`offload._pass.SliceRun.backward`). Imports flow one way: ``_config`` (what a pass
+needs) <- ``_pass`` (one slice's run) <- ``_run`` <- ``_model``.
 """
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from accel import Accelerator
-
 from ._boundary import flatten, unflatten
+from ._config import Config, Pass
 from ._pass import SliceRun
-from ._slices import Residency
-from ._state import StateMachine
-from ._storage import SliceStorage
-from ._transfer import HostPool, Transfers
 
 __all__ = [
     "INVALID_USE_MESSAGE",
-    "Config",
-    "Pass",
     "SliceFunction",
     "parameter_bytes",
     "run_slice",
@@ -38,45 +29,6 @@ INVALID_USE_MESSAGE = (
     "works with loss.backward() (or Engine.backward) but not with torch.autograd.grad() "
     "or backward(inputs=...). Call loss.backward() and read the parameters' .grad."
 )
-
-
-@dataclass
-class Config:
-    """Everything a pass needs from its model."""
-
-    backend: Accelerator
-    device: torch.device
-    slices: list[SliceStorage]
-    residency: Residency
-    transfers: Transfers
-    pool: HostPool
-    state: StateMachine
-    checkpoint_activation: bool
-    num_microbatches: int
-    batched_kwargs: frozenset[str]
-    copy: bool
-    trainable_dummy: torch.Tensor
-    frozen_dummy: torch.Tensor
-
-
-class Pass:
-    """One forward's slice runs, so that a slice's backward can prefetch the one before.
-
-    It holds the runs weakly: they live as long as the autograd graph that owns them.
-    """
-
-    def __init__(self, config: Config, batch: int | None) -> None:
-        self.config = config
-        self.batch = batch
-        self.first_graph: int | None = None
-        self._runs: dict[int, weakref.ref[SliceRun]] = {}
-
-    def add(self, run: SliceRun) -> None:
-        self._runs[run.index] = weakref.ref(run)
-
-    def run(self, index: int) -> SliceRun | None:
-        ref = self._runs.get(index)
-        return ref() if ref is not None else None
 
 
 class SliceFunction(torch.autograd.Function):

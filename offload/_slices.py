@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from ._host_grads import HostGradients
 from ._storage import SliceStorage
-from ._transfer import Transfers, dense_stride
+from ._transfer import Transfers
 
 __all__ = ["Residency"]
 
@@ -38,6 +39,11 @@ class _Buffer:
     loaded: Any = None
     done: Any = None
     views: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    # The gradients of the slice in it, laid out as its parameters, and the event after
+    # the last store that read them (the next slice's gradients wait for it).
+    grads: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    grads_read: Any = None
+    grad_views: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass
@@ -46,6 +52,18 @@ class _Gradients:
 
     device: dict[int, torch.Tensor] = field(default_factory=dict)
     stashed: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    # Each device gradient's version after loading: backward accumulated into the
+    # parameters whose version moved (the others had no gradient, or kept the host one).
+    versions: dict[int, int] = field(default_factory=dict)
+    loaded: set[int] = field(default_factory=set)
+
+    def produced(self) -> dict[int, torch.Tensor]:
+        """The device gradients that hold a result: accumulated into, or loaded."""
+        return {
+            key: grad
+            for key, grad in self.device.items()
+            if key in self.loaded or grad._version != self.versions.get(key)
+        }
 
 
 class Residency:
@@ -83,10 +101,10 @@ class Residency:
                 self._uses[user].append(len(self.slices) + offset)
         self._buffers = [_Buffer() for _ in range(self._ping + len(shared))]
         self._grads: dict[int, _Gradients] = {}
-        # Host gradients, one pinned block per dtype laid out like the parameters' block
-        # (see _storage.pack_in_blocks), and the storages whose part was handed out.
-        self._grad_blocks: dict[torch.dtype, torch.Tensor] = {}
-        self._grad_given: dict[torch.dtype, set[int]] = {}
+        # Per storage, the event after the last store into its host memory (gradients,
+        # running statistics): a load that reads that memory waits for it.
+        self._stored: dict[int, Any] = {}
+        self._host = HostGradients(self._storages, transfers)
         self.max_resident = 0
         self._capacity: list[dict[torch.dtype, int]] = [{} for _ in self._buffers]
         for index, storage in enumerate(self._storages):
@@ -153,6 +171,7 @@ class Residency:
             buffer.holder = index
             if self.copy:
                 self.transfers.copy_waits(buffer.done)
+                self.transfers.copy_waits(self._stored.get(index))
                 with self.transfers.on_copy_stream() as compute:
                     tensors = self._device_tensors(buffer, parity, compute)
                     for dtype, flat in storage.flats.items():
@@ -163,26 +182,69 @@ class Residency:
                 buffer.loaded = self.transfers.copy_event()
             self.max_resident = max(self.max_resident, len(self.resident))
         if grads and index not in self._grads:
-            self._grads[index] = self._load_grads(storage)
+            if self.copy:
+                self.transfers.copy_waits(self._stored.get(index))
+            self._grads[index] = self._load_grads(storage, buffer, self._parity(index))
             if self.copy:
                 buffer.loaded = self.transfers.copy_event()
 
-    def _load_grads(self, storage: SliceStorage) -> _Gradients:
+    def _load_grads(self, storage: SliceStorage, buffer: _Buffer, parity: int) -> _Gradients:
+        """Zero the buffer's gradients for ``storage``, then load the host ones into them.
+
+        The gradient buffer is allocated once per dtype (as large as the parameters'),
+        so backward accumulates into the same device memory every step, as the plain
+        model accumulates into an existing ``.grad``.
+        """
         gradients = _Gradients()
         if not self.copy:
             return gradients
+        self.transfers.copy_waits(buffer.grads_read)
         with self.transfers.on_copy_stream() as compute:
+            for dtype, numel in self._capacity[parity].items():
+                if dtype not in buffer.grads:
+                    buffer.grads[dtype] = torch.empty(numel, dtype=dtype, device=self.device)
+                    self.transfers.used_by(buffer.grads[dtype], compute)
+                    buffer.grad_views.clear()
+            views = self._grad_views(buffer, storage)
+            for dtype, flat in storage.flats.items():
+                if any(id(entry.tensor) in views for entry in flat.entries):
+                    buffer.grads[dtype][: flat.buffers_start].zero_()
             for parameter in storage.parameters:
-                host = parameter.grad
-                if host is None:
+                device = views.get(id(parameter))
+                if device is None:
                     continue
-                device = torch.empty_strided(
-                    parameter.shape, dense_stride(parameter), dtype=host.dtype, device=self.device
-                )
-                device.copy_(host, non_blocking=self.transfers.non_blocking)
-                self.transfers.used_by(device, compute)
+                host = parameter.grad
+                if host is not None:
+                    device.copy_(host, non_blocking=self.transfers.non_blocking)
+                    gradients.loaded.add(id(parameter))
                 gradients.device[id(parameter)] = device
+                gradients.versions[id(parameter)] = device._version
         return gradients
+
+    def _grad_views(self, buffer: _Buffer, storage: SliceStorage) -> dict[int, torch.Tensor]:
+        """``storage``'s trainable parameters' gradients in the buffer, by parameter id.
+
+        Each is a tensor of its own on the buffer's memory (``set_``, not a view), so its
+        version counter moves only when backward accumulates into it.
+        """
+        views = buffer.grad_views.get(storage.index)
+        if views is None:
+            views = {}
+            for dtype, flat in storage.flats.items():
+                for entry in flat.entries:
+                    if entry.is_parameter and entry.tensor.requires_grad:
+                        view = entry.view(buffer.grads[dtype])
+                        alone = torch.empty(0, dtype=dtype, device=view.device)
+                        with torch.no_grad():
+                            alone.set_(
+                                view.untyped_storage(),
+                                view.storage_offset(),
+                                view.shape,
+                                view.stride(),
+                            )
+                        views[id(entry.tensor)] = alone
+            buffer.grad_views[storage.index] = views
+        return views
 
     def _views(self, buffer: _Buffer, storage: SliceStorage) -> list[torch.Tensor]:
         views = buffer.views.get(storage.index)
@@ -271,18 +333,26 @@ class Residency:
                         parameter.grad = earlier.add_(new)  # as autograd accumulates
             return
         buffer.done = self.transfers.compute_event()
+        produced = stash.produced() if grads_to_host else {}
         new_grads: dict[int, torch.Tensor] = {}
         for parameter in storage.parameters:
-            if grads_to_host and parameter.grad is not None:
-                new_grads[id(parameter)] = parameter.grad
+            grad, key = parameter.grad, id(parameter)
+            # Skipped: a gradient buffer backward did not reach (the plain model's stays None).
+            if (
+                grads_to_host
+                and grad is not None
+                and (grad is not stash.device.get(key) or key in produced)
+            ):
+                new_grads[key] = grad
             parameter.grad = None
         for entry in storage.entries():
             entry.tensor.data = entry.home
-        hosts = self._host_grads(storage, stash, new_grads)
+        hosts = self._host.destinations(storage, stash.stashed, new_grads)
         copies = (buffers_to_host and bool(storage.buffers)) or bool(new_grads)
         if copies:
-            self.transfers.copy_waits(buffer.done)
-            with self.transfers.on_copy_stream():
+            read_buffer = False
+            self.transfers.copy_waits(buffer.done, store=True)
+            with self.transfers.on_copy_stream(store=True):
                 if buffers_to_host:
                     for dtype, flat in storage.flats.items():
                         if flat.buffers_start < flat.numel:
@@ -292,68 +362,18 @@ class Residency:
                                 buffer.tensors[dtype][start:stop],
                                 non_blocking=self.transfers.non_blocking,
                             )
+                            read_buffer = True
                 for key, device_grad in new_grads.items():
                     hosts[key].copy_(device_grad, non_blocking=self.transfers.non_blocking)
-                    self.transfers.used_by(device_grad, self.transfers.stream)
-            self.transfers.copy_event()
+                    self.transfers.used_by(device_grad, self.transfers.store_stream)
+            stored = self.transfers.copy_event(store=True)
+            self._stored[index] = stored
+            if new_grads:
+                buffer.grads_read = stored
+            if read_buffer:
+                buffer.done = stored  # the next load into this buffer waits for the read
         for parameter in storage.parameters:
             parameter.grad = hosts.get(id(parameter), stash.stashed.get(id(parameter)))
-
-    def _host_grads(
-        self, storage: SliceStorage, stash: _Gradients, new_grads: dict[int, torch.Tensor]
-    ) -> dict[int, torch.Tensor]:
-        """The host tensor each new gradient goes to.
-
-        The host gradient the user holds receives it in place (as autograd accumulates
-        into an existing ``.grad``); a parameter without one gets a view of a new flat
-        tensor, so a gradient handed out earlier is never written again.
-        """
-        hosts: dict[int, torch.Tensor] = {}
-        fresh: dict[torch.dtype, torch.Tensor] = {}
-        for entry in storage.entries():
-            key = id(entry.tensor)
-            if key not in new_grads:
-                continue
-            held = stash.stashed.get(key)
-            if held is not None:
-                hosts[key] = held
-                continue
-            dtype = entry.tensor.dtype
-            if dtype not in fresh:
-                fresh[dtype] = self._fresh_grads(storage, dtype)
-            hosts[key] = entry.view(fresh[dtype])
-        return hosts
-
-    def _fresh_grads(self, storage: SliceStorage, dtype: torch.dtype) -> torch.Tensor:
-        """Host memory for ``storage``'s new gradients of ``dtype``, never handed out before.
-
-        A storage placed in a shared block gets its part of a gradient block of the same
-        layout: one pinned allocation per dtype and pass instead of one per slice (each
-        rounded up to a power of two by torch's host allocator). The block is forgotten
-        once every trainable storage had its part, so that it is freed (and its cached
-        memory reused by the next pass) as soon as the gradients are dropped.
-        """
-        numel = max(storage.flats[dtype].numel, 1)
-        if dtype not in storage.block:
-            return self.transfers.empty_host((numel,), dtype)
-        offset, total = storage.block[dtype]
-        given = self._grad_given.setdefault(dtype, set())
-        block = self._grad_blocks.get(dtype)
-        if block is None or id(storage) in given:
-            block = self.transfers.empty_host((total,), dtype)
-            self._grad_blocks[dtype] = block
-            given.clear()
-        given.add(id(storage))
-        wanting = {
-            id(other)
-            for other in self._storages
-            if dtype in other.flats
-            and any(e.is_parameter and e.tensor.requires_grad for e in other.flats[dtype].entries)
-        }
-        if wanting <= given:
-            del self._grad_blocks[dtype]
-            given.clear()
-        return block.narrow(0, offset, numel)
 
     def drop_pending(self) -> None:
         """Forget gradients loaded for slices that were never attached."""

@@ -22,7 +22,7 @@ from torch import nn
 
 from ._transfer import Transfers, dense_stride
 
-__all__ = ["SliceStorage", "pack_in_blocks", "partition"]
+__all__ = ["SliceStorage", "pack_in_blocks", "pack_slices", "partition"]
 
 # Offsets inside a flat buffer are rounded up to this many bytes, the alignment torch's
 # allocators give a fresh tensor, so kernels see the alignment they would see anyway.
@@ -249,3 +249,64 @@ def _unique(tensors: Any) -> list[Any]:
             seen.add(id(tensor))
             unique.append(tensor)
     return unique
+
+
+def pack_slices(
+    layers: Sequence[nn.Module], runs: Sequence[range], transfers: Transfers, *, copy: bool
+) -> tuple[list[SliceStorage], list[tuple[SliceStorage, list[int]]]]:
+    """Pack each slice of :class:`offload.OffloadModel`; tied tensors are packed once, apart.
+
+    Returns:
+        The slices' storages, and each storage of tensors used by several slices with
+        the indices of those slices.
+    """
+    users: dict[int, list[int]] = {}
+    tensors: dict[int, torch.Tensor] = {}
+    for index, run in enumerate(runs):
+        for layer in layers[run.start : run.stop]:
+            for tensor in [*layer.parameters(), *layer.buffers()]:
+                tensors[id(tensor)] = tensor
+                slices = users.setdefault(id(tensor), [])
+                if index not in slices:
+                    slices.append(index)
+    groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
+    for key, slices in users.items():
+        if len(slices) > 1:
+            groups.setdefault(tuple(slices), []).append(tensors[key])
+    storages = []
+    for index, run in enumerate(runs):
+        chunk = layers[run.start : run.stop]
+        last = run.stop - 1
+        span = f"layer {run.start}" if last == run.start else f"layers {run.start}-{last}"
+        storages.append(
+            SliceStorage(
+                index,
+                f"slice {index} ({span})",
+                chunk,
+                [p for layer in chunk for p in layer.parameters() if len(users[id(p)]) == 1],
+                [b for layer in chunk for b in layer.buffers() if len(users[id(b)]) == 1],
+                transfers,
+                copy=copy,
+                allocate=False,
+            )
+        )
+    shared = []
+    for number, (users_of, group) in enumerate(groups.items()):
+        names = ", ".join(str(k) for k in users_of)
+        storage = SliceStorage(
+            len(runs) + number,
+            f"tensors shared by slices {names}",
+            [],
+            [t for t in group if isinstance(t, nn.Parameter)],
+            [t for t in group if not isinstance(t, nn.Parameter)],
+            transfers,
+            copy=copy,
+            allocate=False,
+        )
+        for k in users_of:
+            # A slice whose only trainable parameters are shared still needs its backward.
+            storages[k].trainable = storages[k].trainable or storage.trainable
+        shared.append((storage, list(users_of)))
+    if copy:
+        pack_in_blocks([*storages, *(storage for storage, _ in shared)], transfers)
+    return storages, shared

@@ -55,30 +55,16 @@ def copies_needed(device: torch.device, offload_device: torch.device) -> bool:
 
 
 def resolve_backend(backend: Any) -> Accelerator:
-    """Return ``backend``, or ``accel.get_backend(backend)`` for a name or ``None``.
+    """Return the backend ``backend`` names, by :func:`accel.resolve_backend`'s rule.
+
+    ``None`` is :func:`accel.get_backend`; errors are prefixed with ``offload:``.
 
     Raises:
-        offload.OffloadConfigError: ``backend`` is neither a backend, a name nor ``None``,
-            or no backend has that name.
+        accel.AccelTypeError: ``backend`` is neither a backend, a name nor ``None``.
+        accel.BackendNotFoundError, accel.BackendUnavailableError: No backend has that
+            name, or it cannot run here.
     """
-    if backend is None:
-        return accel.get_backend()
-    if isinstance(backend, str):
-        try:
-            return accel.get_backend(backend)
-        except AccelError as exc:
-            raise OffloadConfigError(f"offload: backend={backend!r} cannot be used: {exc}") from exc
-    # hasattr, not isinstance: Python 3.12+ checks protocols without __getattr__, which
-    # delegating backends (RecordingBackend) rely on.
-    missing = [member for member in accel.protocol_members() if not hasattr(backend, member)]
-    if missing:
-        raise OffloadConfigError(
-            f"offload: backend must be an accel backend (from accel.get_backend()), a backend "
-            f"name such as 'cuda', or None for the default, got {type(backend).__name__} "
-            f"(it lacks {', '.join(missing[:3])}...); run `python -m accel` to list the "
-            "backends."
-        )
-    return backend  # type: ignore[no-any-return]
+    return accel.resolve_backend(backend, "offload")
 
 
 def resolve_device(device: Any, backend: Accelerator) -> torch.device:
@@ -161,7 +147,14 @@ def placeholder(like: torch.Tensor) -> torch.Tensor:
 
 
 class Transfers:
-    """One copy stream and the protocol calls that order work around it.
+    """The copy streams and the protocol calls that order work around them.
+
+    Loads (host to device) go on :attr:`stream`. Stores (device to host: gradients,
+    running statistics, activations) go on :attr:`store_stream`, a second stream where
+    the device copies both ways at once (:func:`accel.copy_engines` of 2 or more), else
+    the same stream, so a backend with one copy engine keeps one copy stream and one
+    without streams copies in order. Every method that queues or orders copies takes
+    ``store`` to say which direction it is about.
 
     Args:
         backend: The backend whose streams, events and pinned memory to use.
@@ -170,40 +163,55 @@ class Transfers:
     def __init__(self, backend: Accelerator) -> None:
         self.backend = backend
         self.non_blocking = bool(backend.supports_pinned_memory)
+        #: Whether stores have a stream of their own (decided once, from the backend).
+        self.two_streams = accel.copy_engines(backend) >= 2
         self._stream: Any = None
-        self._last: Any = None
+        self._store_stream: Any = None
+        self._last: dict[bool, Any] = {}
 
     @property
     def stream(self) -> Any:
-        """The copy stream, made on first use (making one may initialise the device)."""
+        """The load stream, made on first use (making one may initialise the device)."""
         if self._stream is None:
             self._stream = self.backend.Stream()
         return self._stream
 
+    @property
+    def store_stream(self) -> Any:
+        """The store stream: a second stream with two copy engines, else :attr:`stream`."""
+        if not self.two_streams:
+            return self.stream
+        if self._store_stream is None:
+            self._store_stream = self.backend.Stream()
+        return self._store_stream
+
+    def _of(self, store: bool) -> Any:
+        return self.store_stream if store else self.stream
+
     @contextmanager
-    def on_copy_stream(self) -> Iterator[Any]:
-        """Queue the work (and allocations) of the block on the copy stream.
+    def on_copy_stream(self, *, store: bool = False) -> Iterator[Any]:
+        """Queue the work (and allocations) of the block on the load or the store stream.
 
         Yields:
             The compute stream, i.e. the stream that was current before the block.
         """
         compute = self.backend.current_stream()
-        with self.backend.stream(self.stream):
+        with self.backend.stream(self._of(store)):
             yield compute
 
-    def copy_waits(self, event: Any) -> None:
-        """Make the copy stream wait for ``event`` (no-op for ``None``)."""
+    def copy_waits(self, event: Any, *, store: bool = False) -> None:
+        """Make the load (or store) stream wait for ``event`` (no-op for ``None``)."""
         if event is not None:
-            self.stream.wait_event(event)
+            self._of(store).wait_event(event)
 
-    def copy_waits_for_compute(self) -> None:
-        """Make the copy stream wait for everything queued on the compute stream so far."""
-        self.stream.wait_stream(self.backend.current_stream())
+    def copy_waits_for_compute(self, *, store: bool = False) -> None:
+        """Make the load (or store) stream wait for everything queued on compute so far."""
+        self._of(store).wait_stream(self.backend.current_stream())
 
-    def copy_event(self) -> Any:
-        """Record an event after the work queued so far on the copy stream."""
-        event = self.stream.record_event()
-        self._last = event
+    def copy_event(self, *, store: bool = False) -> Any:
+        """Record an event after the work queued so far on the load (or store) stream."""
+        event = self._of(store).record_event()
+        self._last[store] = event
         return event
 
     def compute_event(self) -> Any:
@@ -220,10 +228,10 @@ class Transfers:
         self.backend.record_stream(tensor, stream)
 
     def wait_host(self) -> None:
-        """Block the host until the last copy has finished, so it can read the results."""
-        if self._last is not None:
-            self._last.synchronize()
-            self._last = None
+        """Block the host until the last copies have finished, so it can read the results."""
+        events, self._last = list(self._last.values()), {}
+        for event in events:
+            event.synchronize()
 
     def empty_host(
         self, shape: Sequence[int], dtype: torch.dtype, stride: Sequence[int] | None = None
@@ -248,17 +256,17 @@ class HostPool:
     """Page-locked host buffers for activations, reused across steps.
 
     :meth:`acquire` returns a buffer at least as large as asked (the smallest free one
-    that fits, else a new one, allocated page-locked); :meth:`release` gives it back. Copies into
-    and out of these buffers all run on one copy stream, so a released buffer can be
-    reused by the next copy without waiting.
+    that fits, else a new one, allocated page-locked); :meth:`release` gives it back with
+    the event after the last copy that reads it. Stores into a buffer (on the store
+    stream) wait for that event, since the load that read it may run on the other stream.
 
     Args:
-        transfers: Allocates the page-locked buffers.
+        transfers: Allocates the page-locked buffers and orders the copies.
     """
 
     def __init__(self, transfers: Transfers) -> None:
         self._transfers = transfers
-        self._free: list[torch.Tensor] = []
+        self._free: list[tuple[torch.Tensor, Any]] = []
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -266,25 +274,33 @@ class HostPool:
             return len(self._free)
 
     def acquire(self, like: torch.Tensor) -> torch.Tensor:
-        """Return a contiguous host tensor with ``like``'s shape and dtype, from the pool."""
+        """Return a contiguous host tensor with ``like``'s shape and dtype, from the pool.
+
+        Call it on the store stream: the stream is made to wait until the last copy
+        that read the buffer before it was released has finished.
+        """
         nbytes = like.numel() * like.element_size()
         with self._lock:
-            fitting = [k for k, free in enumerate(self._free) if free.numel() >= nbytes]
-            best = min(fitting, key=lambda k: self._free[k].numel()) if fitting else None
-            buffer = self._free.pop(best) if best is not None else None
+            fitting = [k for k, (free, _) in enumerate(self._free) if free.numel() >= nbytes]
+            best = min(fitting, key=lambda k: self._free[k][0].numel()) if fitting else None
+            buffer, read = self._free.pop(best) if best is not None else (None, None)
         if buffer is None:
             buffer = self._transfers.empty_host((max(nbytes, 1),), torch.uint8)
+        self._transfers.copy_waits(read, store=True)
         view = buffer[:nbytes].view(like.dtype).view(like.shape)
         # The view remembers its buffer; a view never given back is freed with it.
         view.__dict__[_POOL_BUFFER] = buffer
         return view
 
-    def release(self, tensor: torch.Tensor) -> None:
-        """Give back a tensor returned by :meth:`acquire`."""
+    def release(self, tensor: torch.Tensor, read: Any = None) -> None:
+        """Give back a tensor returned by :meth:`acquire`.
+
+        ``read`` is the event after the last copy that reads it (``None``: none pending).
+        """
         buffer = tensor.__dict__.pop(_POOL_BUFFER, None)
         if buffer is not None:
             with self._lock:
-                self._free.append(buffer)
+                self._free.append((buffer, read))
 
     def clear(self) -> None:
         """Drop every free buffer."""

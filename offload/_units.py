@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from accel import _compat
+
 from ._state import StateMachine
 from ._storage import SliceStorage
 from ._transfer import Transfers, dense_stride
@@ -67,6 +69,7 @@ class Unit:
     stashed: dict[int, torch.Tensor | None] = field(default_factory=dict)
     attached: bool = False
     fired: set[int] = field(default_factory=set)
+    stored: Any = None  # the event after the last gradient store into host memory
     resumes_backward: bool = False
 
     @property
@@ -102,6 +105,11 @@ class Mover:
         self.prefetched: list[int] = []
         self.storage_owner: dict[int, tuple[int, torch.dtype]] = {}
         self.max_resident = 0
+        # Device memory of dropped units, with the compute event after its last use: a
+        # unit of the same size (the next transformer block) loads into it instead of
+        # asking the allocator. At most this many are kept; cleared between steps.
+        self._spare: list[tuple[torch.Tensor, Any]] = []
+        self._spare_limit = max(prefetch, 1) + 2
 
     def resident(self) -> list[Unit]:
         """The units whose parameters are in (or on their way to) device memory."""
@@ -137,15 +145,18 @@ class Mover:
                 with transfers.on_copy_stream() as compute:
                     for dtype, flat in unit.storage.flats.items():
                         assert flat.host is not None
-                        device = torch.empty(flat.host.numel(), dtype=dtype, device=self.device)
+                        device = self._reuse(dtype, flat.host.numel())
+                        if device is None:
+                            device = torch.empty(flat.host.numel(), dtype=dtype, device=self.device)
+                            transfers.used_by(device, compute)
                         device.copy_(flat.host, non_blocking=transfers.non_blocking)
-                        transfers.used_by(device, compute)
                         unit.flats[dtype] = device
                 unit.loaded = transfers.copy_event()
             self.max_resident = max(self.max_resident, len(self.resident()))
         if grads and unit.device_grads is None:
             unit.device_grads = {}
             if self.copy:
+                transfers.copy_waits(unit.stored)  # host gradients written on the store stream
                 with transfers.on_copy_stream() as compute:
                     for parameter in unit.storage.parameters:
                         host = unit.stashed.get(id(parameter)) if unit.attached else parameter.grad
@@ -198,11 +209,11 @@ class Mover:
             host = self.transfers.empty_host(
                 parameter.shape, parameter.grad.dtype, dense_stride(parameter)
             )
-        self.transfers.copy_waits_for_compute()
-        with self.transfers.on_copy_stream():
+        self.transfers.copy_waits_for_compute(store=True)
+        with self.transfers.on_copy_stream(store=True):
             host.copy_(parameter.grad, non_blocking=self.transfers.non_blocking)
-            self.transfers.used_by(parameter.grad, self.transfers.stream)
-        self.transfers.copy_event()
+            self.transfers.used_by(parameter.grad, self.transfers.store_stream)
+        unit.stored = self.transfers.copy_event(store=True)
         unit.stashed[id(parameter)] = host
 
     def detach(self, unit: Unit) -> None:
@@ -226,11 +237,31 @@ class Mover:
         if unit.index in self.prefetched:
             self.prefetched.remove(unit.index)
         if unit.flats is not None:
+            done = self.transfers.compute_event() if self.copy and unit.flats else None
             for device in unit.flats.values():
                 self.storage_owner.pop(device.untyped_storage().data_ptr(), None)
+                self._spare.append((device, done))
+            del self._spare[: max(0, len(self._spare) - self._spare_limit)]
         unit.flats = None
         unit.device_grads = None
         unit.loaded = None
+
+    def _reuse(self, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
+        """A spare device tensor of ``dtype`` and ``numel``, once compute is done with it."""
+        for position, (device, done) in enumerate(self._spare):
+            if device.dtype == dtype and device.numel() == numel:
+                del self._spare[position]
+                if not _compat.sole_owner(device):
+                    # A tensor autograd (or a checkpoint) saved still views it: it is
+                    # freed when that tensor is, as without reuse.
+                    continue
+                self.transfers.copy_waits(done)
+                return device
+        return None
+
+    def clear_spare(self) -> None:
+        """Give the spare device memory back to the allocator (between steps)."""
+        self._spare.clear()
 
 
 def restored(tensor: torch.Tensor, device: torch.device, stride: tuple[int, ...]) -> torch.Tensor:

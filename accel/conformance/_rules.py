@@ -19,6 +19,7 @@ RULES: dict[str, str] = {
     "autocast-capture": "autocast_kwargs() reports the active autocast state",
     "autocast-replay": "replaying captured autocast kwargs gives the same dtypes",
     "streams": "Stream(), Event() and current_stream() give working objects, never None",
+    "copy-engines": "copy_engines (own or accel's default) is an int >= 0, 0 without streams",
     "stream-order": "work ordered with events and wait_stream sees the producer's result",
     "pin-memory": "pin_memory keeps values and pins exactly when supported",
     "empty-pinned": "empty_pinned(shape, dtype) allocates host memory, pinned when supported",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import accel
 from accel import Accelerator, Event, Stream
 from accel.conformance import rule
 
@@ -25,6 +26,21 @@ def test_objects(accel_backend: Accelerator) -> None:
     event.synchronize()
     side.synchronize()
     assert event.query() and side.query(), rule("streams", "work pending after synchronize()")
+
+
+def test_copy_engines(accel_backend: Accelerator) -> None:
+    engines = accel.copy_engines(accel_backend)
+    assert isinstance(engines, int) and not isinstance(engines, bool) and engines >= 0, rule(
+        "copy-engines", f"accel.copy_engines() gave {engines!r}, not an int >= 0"
+    )
+    own = getattr(accel_backend, "copy_engines", None)
+    assert own is None or (isinstance(own, int) and not isinstance(own, bool) and own >= 0), rule(
+        "copy-engines", f"the backend's copy_engines is {own!r}, not an int >= 0"
+    )
+    if not accel_backend.supports_streams:
+        assert engines == 0, rule(
+            "copy-engines", f"supports_streams is False, yet copy_engines is {engines}"
+        )
 
 
 def test_null_streams_complete_at_once(accel_backend: Accelerator) -> None:

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 
 from offload import _transfer
+
+
+def _load_helper(name: str) -> None:
+    """Import ``tests/offload/<name>.py`` as module ``name`` (``--import-mode=importlib``)."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+# Clock streams and the race detector, for tests/offload/test_offload_streams.py.
+_load_helper("_offload_streamed")
 
 
 def _always_copy(monkeypatch: pytest.MonkeyPatch) -> None:

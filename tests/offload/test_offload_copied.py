@@ -33,7 +33,7 @@ from offload import (
     State,
     offload_parameters,
 )
-from offload._copied_params import CopiedOffload
+from offload._copied_params import CopyParameters
 
 
 @pytest.fixture
@@ -194,7 +194,8 @@ def test_offload_parameters_equals_the_plain_model(
     plain = _plain_on(model, device)
     CHECKPOINTING[checkpointing](model, backend)
     handle = offload_parameters(model, backend=backend)
-    assert isinstance(handle, CopiedOffload) and ParameterOffload.of(model) is handle
+    assert isinstance(handle.strategy, CopyParameters) and ParameterOffload.of(model) is handle
+    assert handle.strategy_name == "copy-parameters"
     ids = torch.randint(0, 20, (8,), generator=torch.Generator().manual_seed(2)).to(device)
     for step in range(2):
         torch.testing.assert_close(

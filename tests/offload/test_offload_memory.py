@@ -20,6 +20,7 @@ from torch import nn
 
 from checkpointing import checkpoint
 from offload import Engine, OffloadModel, State, offload_parameters
+from offload._swap import SwapData
 
 STEPS = 200
 WARMUP = 20
@@ -111,7 +112,9 @@ def test_parameter_offload_memory_is_flat() -> None:
     first, last, traced = train(step)
     assert last == first, f"{last - first} tensors leaked over {STEPS - WARMUP} steps"
     assert traced < 256 * 1024, f"{traced} bytes of Python allocations kept"
-    assert not handle._mover.storage_owner and not handle._mover.prefetched
+    swap = handle.strategy
+    assert isinstance(swap, SwapData)
+    assert not swap._mover.storage_owner and not swap._mover.prefetched
     assert handle.resident_modules == () and handle.state is State.IDLE
     handle.remove()
 

@@ -23,6 +23,7 @@ import pytest
 import torch
 from torch import nn
 
+import accel
 import offload
 from accel.testing import RecordingBackend
 from offload import (
@@ -416,9 +417,11 @@ def test_devices_that_are_not_available() -> None:
     with pytest.raises(OffloadConfigError, match="offload_device must be host memory"):
         OffloadModel(make_layers(), offload_device="meta")
     assert OffloadModel(make_layers(), backend="recording").backend.name == "recording"
-    with pytest.raises(OffloadConfigError, match=r"^offload: backend='nope' cannot be used"):
+    with pytest.raises(
+        accel.BackendNotFoundError, match=r"^offload: backend='nope' cannot be used"
+    ):
         OffloadModel(make_layers(), backend="nope")
-    with pytest.raises(OffloadConfigError, match=r"^offload: backend must be an accel backend"):
+    with pytest.raises(accel.AccelTypeError, match=r"^offload: backend must be an accel backend"):
         OffloadModel(make_layers(), backend=3)  # type: ignore[arg-type]
     assert issubclass(OffloadConfigError, ValueError) and issubclass(OffloadError, RuntimeError)
 

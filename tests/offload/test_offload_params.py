@@ -15,9 +15,11 @@ import pytest
 import torch
 from torch import nn
 
+import accel
 from checkpointing import checkpoint
 from offload import OffloadConfigError, OffloadStateError, State, offload_parameters
 from offload._state import StateMachine
+from offload._swap import SwapData
 
 
 class Block(nn.Module):
@@ -156,14 +158,16 @@ def test_chosen_modules_are_offloaded_whole(copy_mode: bool) -> None:
 def test_pre_backward_hook_fires_once_per_tensor_and_unit(copy_mode: bool) -> None:
     model = make()
     handle = offload_parameters(model)
+    swap = handle.strategy
+    assert isinstance(swap, SwapData) and handle.strategy_name == "swap-data"
     fired: list[str] = []
-    original = handle._pre_backward
+    original = swap._pre_backward
 
     def spy(unit: Any) -> None:
         fired.append(unit.storage.name)
         original(unit)
 
-    handle._pre_backward = spy  # type: ignore[method-assign]
+    swap._pre_backward = spy  # type: ignore[method-assign]
     model(torch.randn(3, 6)).sum().backward()
     # `shared` has two outputs (two calls); every other unit one.
     assert fired.count("module 'shared' (Linear)") == 2
@@ -178,13 +182,15 @@ def test_inner_backward_passes_do_not_end_the_step_early(copy_mode: bool) -> Non
     model = make(checkpointed=True)
     handle = offload_parameters(model, prefetch=1)
     finished: list[tuple[State, bool]] = []
-    original = handle._final_callback
+    swap = handle.strategy
+    assert isinstance(swap, SwapData)
+    original = swap._final_callback
 
     def spy() -> None:
         finished.append((model.embed.weight.grad is None, handle.state))  # type: ignore[arg-type]
         original()
 
-    handle._final_callback = spy  # type: ignore[method-assign]
+    swap._final_callback = spy  # type: ignore[method-assign]
     model(torch.randn(3, 6)).sum().backward()
     # One callback, after the embedding (the first module, the last in backward) got
     # its gradient.
@@ -247,7 +253,7 @@ def test_configuration_errors() -> None:
     with pytest.raises(OffloadConfigError, match="not available to backend 'cpu'"):
         offload_parameters(make(), device="meta")
     offload_parameters(make(), backend="recording").remove()  # a backend name works
-    with pytest.raises(OffloadConfigError, match=r"^offload: backend must be an accel backend"):
+    with pytest.raises(accel.AccelTypeError, match=r"^offload: backend must be an accel backend"):
         offload_parameters(make(), backend=object())  # type: ignore[arg-type]
 
 

@@ -33,7 +33,7 @@ from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
 from ..._errors import AccelError
 from ..._protocol import Accelerator
-from .._backend import resolve_backend
+from ..._resolve import resolve_backend
 from ._answers import ProtocolAnswers
 
 __all__ = [

@@ -23,7 +23,7 @@ from lightning.fabric.accelerators.accelerator import Accelerator as FabricAccel
 
 from ..._errors import AccelError
 from ..._protocol import Accelerator
-from .._backend import resolve_backend
+from ..._resolve import resolve_backend
 from ._mapping import BackendMapping, Front, lightning_error
 
 __all__: list[str] = []

@@ -9,7 +9,7 @@ from lightning.fabric.plugins.precision import MixedPrecision, Precision
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from ..._protocol import Accelerator
-from .._backend import resolve_backend
+from ..._resolve import resolve_backend
 from ._mapping import BackendMapping
 
 __all__ = ["AccelFabricPrecision", "fabric_precision_plugin"]

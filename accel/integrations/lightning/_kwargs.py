@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..._protocol import Accelerator
-from .._backend import resolve_backend
+from ..._resolve import resolve_backend
 from ._accelerator import AccelAccelerator
 from ._fabric_accelerator import AccelFabricAccelerator
 from ._fabric_precision import fabric_precision_plugin

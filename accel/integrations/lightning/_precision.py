@@ -7,7 +7,7 @@ from typing import Any
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 from ..._protocol import Accelerator
-from .._backend import resolve_backend
+from ..._resolve import resolve_backend
 from ._mapping import BackendMapping
 
 __all__ = ["precision_plugin"]
