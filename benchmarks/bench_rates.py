@@ -1,0 +1,99 @@
+"""The built-in CPU rates of the planner's cost model, measured: how `_cost._CPU` was made.
+
+``checkpointing.calibrate_rates`` run on this host, with one intra-op thread: once per
+zoo family at its benchmark size, with the family's model (so that every pointwise,
+normalisation, reduction and copy operator its step calls is timed at its shapes),
+after ``--plain`` runs without a model. Each general rate (products, attention,
+convolutions, memory, random draws, the fixed cost of a call) is the median over every
+run; each operator's byte rate is the median over the families that call it. The
+selective policy's and the saved-tensor hook's costs are printed as measured but not
+proposed: they are the planner's Python, and the table keeps the figures measured in
+place on quiet runs of the zoo (see ``checkpointing/planner/_cost.py``).
+
+Prints the table as Python (to paste into ``_cost.py``) and writes the runs to
+``benchmarks/results/rates-cpu-DATE.json``. Run it on an otherwise idle host.
+
+Usage: python benchmarks/bench_rates.py [--model a,b|all] [--plain 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+from _report import write_results
+from _zoo import FAMILIES, build, unusable
+
+GENERAL = (
+    "matmul_flops",
+    "attention_flops",
+    "convolution_flops",
+    "memory_bytes",
+    "random_bytes",
+    "call_seconds",
+    "policy_call_seconds",
+    "policy_kept_seconds",
+    "hook_seconds",
+)
+
+
+def main() -> int:
+    """Calibrate, combine, print and record; return the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="all", help="zoo families, comma-separated")
+    parser.add_argument("--plain", type=int, default=3, help="runs without a model")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from checkpointing import calibrate_rates
+
+    families = FAMILIES if args.model == "all" else tuple(args.model.split(","))
+    runs: dict[str, dict[str, Any]] = {}
+    started = time.perf_counter()
+    for number in range(args.plain):
+        runs[f"plain {number}"] = calibrate_rates("cpu").to_dict()
+    for family in families:
+        reason = unusable(family)
+        if reason is not None:
+            print(f"{family}: skipped, {reason}")
+            continue
+        case = build(family, "bench")
+        try:
+            rates = calibrate_rates("cpu", model=case.model, example_inputs=case.inputs)
+        except RuntimeError as error:  # a model that cannot run on fake tensors
+            print(f"{family}: no operator rates ({str(error).splitlines()[0]})")
+            continue
+        runs[family] = rates.to_dict()
+        print(f"{family}: {len(rates.operator_bytes)} operators")
+    general = {name: statistics.median(run[name] for run in runs.values()) for name in GENERAL}
+    by_operator: dict[str, list[float]] = {}
+    for run in runs.values():
+        for name, rate in run["operator_bytes"].items():
+            by_operator.setdefault(name, []).append(rate)
+    operators = {name: statistics.median(rates) for name, rates in sorted(by_operator.items())}
+    print("\n# proposed _CPU table (policy and hook costs: see the docstring)")
+    for name in GENERAL:
+        print(f"    {name}={general[name]:.3g},")
+    print("    operator_bytes={")
+    for name, rate in operators.items():
+        print(f'        "{name}": {rate:.3g},')
+    print("    },")
+    path = write_results(
+        "rates",
+        "cpu",
+        {
+            "threads": 1,
+            "seconds": time.perf_counter() - started,
+            "general": general,
+            "operator_bytes": operators,
+            "runs": runs,
+        },
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
