@@ -4,11 +4,9 @@
 zoo family at its benchmark size, with the family's model (so that every pointwise,
 normalisation, reduction and copy operator its step calls is timed at its shapes),
 after ``--plain`` runs without a model. Each general rate (products, attention,
-convolutions, memory, random draws, the fixed cost of a call) is the median over every
-run; each operator's byte rate is the median over the families that call it. The
-selective policy's and the saved-tensor hook's costs are printed as measured but not
-proposed: they are the planner's Python, and the table keeps the figures measured in
-place on quiet runs of the zoo (see ``checkpointing/planner/_cost.py``).
+convolutions, memory, random draws, the fixed cost of a call, the selective policy's
+cost per call and per kept call, a saved-tensor hook's) is the median over every run;
+each operator's byte rate is the median over the families that call it.
 
 Prints the table as Python (to paste into ``_cost.py``) and writes the runs to
 ``benchmarks/results/rates-cpu-DATE.json``. Run it on an otherwise idle host.
@@ -73,7 +71,7 @@ def main() -> int:
         for name, rate in run["operator_bytes"].items():
             by_operator.setdefault(name, []).append(rate)
     operators = {name: statistics.median(rates) for name, rates in sorted(by_operator.items())}
-    print("\n# proposed _CPU table (policy and hook costs: see the docstring)")
+    print("\n# proposed _CPU table")
     for name in GENERAL:
         print(f"    {name}={general[name]:.3g},")
     print("    operator_bytes={")

@@ -1,12 +1,14 @@
 """The memory-budget planner: the fastest checkpointing that fits a memory budget.
 
-Its modules are its stages, in the order :func:`plan_checkpointing` runs them:
-``_profile`` (one step on fake tensors), ``_cost`` (seconds from FLOPs and bytes at a
-device's rates; ``_calibrate`` measures and caches the rates, on request), ``_options``
-(the ways to checkpoint each module call, with ``_saved_grain`` and ``_kept_ops``),
-``_search`` (the combination that fits in the least time) and ``_plan`` (the plan:
-print, save, load, apply; ``_store`` writes its JSON); ``_agree`` gives every rank of a
-``torch.distributed`` group rank 0's plan.
+Its modules are its stages, in the order :func:`plan_checkpointing` (``_planning``)
+runs them: ``_profile`` records one step on fake tensors into ``_records``; ``_cost``
+prices each operator call from FLOPs and bytes at a device's rates; ``_options`` lists
+the ways to checkpoint each module call (with ``_saved_grain`` and ``_kept_ops``);
+``_search`` finds the combination that fits in the least time; ``_plan`` is the plan
+(print, apply; ``_signature`` checks what it is applied to, ``_store`` writes its JSON);
+``_agree`` gives every rank of a ``torch.distributed`` group rank 0's plan. On request
+only, ``_calibrate`` measures and caches a device's rates (with ``_stopwatch``, the one
+module that reads a clock, and ``_operator_rates`` for a model's own operators).
 """
 
 from __future__ import annotations

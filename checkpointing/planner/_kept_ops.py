@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .._replay import operator_label
-from ._profile import OpCall
+from ._records import OpCall
 
 __all__ = ["Unit", "find_units", "keep_options"]
 

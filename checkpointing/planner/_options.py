@@ -32,7 +32,7 @@ from .._decisions import FULL, MEASURED, SAVED, SELECTIVE
 from .._replay import counted
 from .._saved_plan import DROP, PACK
 from ._kept_ops import Unit, find_units, keep_options
-from ._profile import StepProfile
+from ._records import StepProfile
 from ._saved_grain import SavedUnit, saved_summary, saved_units
 
 __all__ = [

@@ -28,35 +28,13 @@ from .._saved_wrapper import SavedTensorWrapper
 from .._selective_wrapper import SelectiveCheckpointWrapper
 from .._wrapper import CheckpointWrapper, checkpoint_wrapper
 from ._cost import DeviceRates
-from ._profile import module_name
-from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan, signature
+from ._records import module_name
+from ._signature import check_inputs, check_model
+from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan
 
-__all__ = ["FORMAT", "CheckpointPlan", "ConsideredPlan", "PlanRow", "structure_of"]
+__all__ = ["FORMAT", "CheckpointPlan", "ConsideredPlan", "PlanRow"]
 
 FORMAT = "accel.checkpoint-plan/1"
-
-
-def structure_of(model: nn.Module) -> tuple[str, ...]:
-    """What a plan checks a model against, in definition order.
-
-    Each module's name and class, then each parameter's and buffer's name, dtype and
-    shape.
-    """
-    lines = [f"{name or '(model)'}: {type(module).__qualname__}" for name, module in _plain(model)]
-    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        lines.append(f"{name}: {dtype}{list(tensor.shape)}")
-    return tuple(lines)
-
-
-def _plain(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Named modules with checkpoint wrappers looked through (their names kept plain)."""
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, CheckpointWrapper):
-            continue
-        found.append((name.replace("._checkpoint_wrapped_module", ""), module))
-    return found
 
 
 @dataclass(frozen=True)
@@ -158,38 +136,9 @@ class CheckpointPlan:
             ValueError: Naming the first module, parameter or input that differs.
         """
         if self.structure:
-            found = structure_of(model)
-            if found != self.structure:
-                first = next(
-                    (
-                        (want, got)
-                        for want, got in zip(self.structure, found, strict=False)
-                        if want != got
-                    ),
-                    (
-                        self.structure[len(found)]
-                        if len(found) < len(self.structure)
-                        else "nothing",
-                        found[len(self.structure)]
-                        if len(found) > len(self.structure)
-                        else "nothing",
-                    ),
-                )
-                raise ValueError(
-                    "checkpointing: this model is not built like the one the plan was made "
-                    f"for: the plan has {first[0]!r} where the model has {first[1]!r}. "
-                    "Apply a plan to the model it was made for (or one built the same way), "
-                    "or make a new plan for this model."
-                )
+            check_model(self.structure, model)
         if example_inputs is not None and self.inputs:
-            given = tuple(signature(example_inputs))
-            if given != self.inputs:
-                raise ValueError(
-                    "checkpointing: these inputs are not shaped like the ones the plan was "
-                    f"made for ({', '.join(given)} against {', '.join(self.inputs)}); its "
-                    "memory and time estimates hold for those shapes only. Make a new plan "
-                    "for these inputs."
-                )
+            check_inputs(self.inputs, example_inputs)
 
     def apply(
         self,

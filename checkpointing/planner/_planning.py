@@ -37,11 +37,12 @@ from ._agree import agreed
 from ._calibrate import default_rates
 from ._cost import DeviceRates
 from ._options import Option, candidates, storage_bytes
-from ._plan import CheckpointPlan, ConsideredPlan, PlanRow, structure_of
-from ._profile import StepProfile, profile_step
+from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
+from ._profile import profile_step
+from ._records import StepProfile
 from ._saved_grain import saved_plan
 from ._search import Candidate, search
-from ._store import signature
+from ._signature import inputs_of, structure_of
 
 __all__ = ["plan_checkpointing"]
 
@@ -160,7 +161,7 @@ def _plan(
 
 
 def _with_model(plan: CheckpointPlan, model: nn.Module, example_inputs: Any) -> CheckpointPlan:
-    return replace(plan, structure=structure_of(model), inputs=tuple(signature(example_inputs)))
+    return replace(plan, structure=structure_of(model), inputs=inputs_of(example_inputs))
 
 
 def _device_start(backend: Accelerator) -> int | None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections import Counter
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,84 +38,9 @@ from .._replay import Geometry, Ref, replayable, storage_key, template_of
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
+from ._records import ModuleProfile, OpCall, StepProfile, call_name
 
-__all__ = ["ModuleProfile", "OpCall", "StepProfile", "call_name", "module_name", "profile_step"]
-
-
-@dataclass
-class OpCall:
-    """One operator call inside a module's forward, as a selective policy sees it.
-
-    ``occurrence`` counts the earlier calls of the same operator in that module call's
-    forward, which is how a policy recognises the call again. ``seconds`` is the
-    cost model's estimate of the operator alone.
-    """
-
-    name: str
-    occurrence: int
-    seconds: float
-    fresh: tuple[int, ...]
-    mutated: tuple[int, ...]
-    read: tuple[int, ...]
-    random: bool
-    func: Any = None
-    template: Any = None  # (args, kwargs) with tensors as Refs; None if not replayable
-    outputs: tuple[int | None, ...] = ()  # each output tensor's new storage, or None
-
-
-@dataclass
-class ModuleProfile:
-    """What one module call's forward saved, took and received."""
-
-    name: str
-    kind: str = ""
-    module: str = ""  # the module's qualified name (``name`` less any ``@k``)
-    call: int = 0  # which call of the module this is (0 for the first)
-    calls: int = 1  # how many calls of the module the step makes
-    repeated_input: bool = False
-    running_stats: bool = False  # it or a module inside updates running statistics
-    data_dependent: bool = False  # an operator inside has a data-dependent output shape
-    fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
-    children: list[str] = field(default_factory=list)  # the calls made inside this one
-    child_kinds: tuple[str, ...] = ()  # the module's own children's classes
-    inputs: set[int] = field(default_factory=set)
-    cached: set[int] = field(default_factory=set)
-    forward_time: float = 0.0
-    recomputed_time: float = 0.0
-    written_bytes: int = 0
-    recomputed_bytes: int = 0
-    ops: list[OpCall] = field(default_factory=list)
-    packs: list[tuple[int | None, Geometry]] = field(default_factory=list)
-    input_order: list[int | None] = field(default_factory=list)
-
-
-@dataclass
-class StepProfile:
-    """The recorded step: storages (by index), who saved them, and estimated seconds."""
-
-    modules: dict[str, ModuleProfile]
-    storage_bytes: dict[int, int]
-    saved_by: dict[int, set[tuple[str, ...]]]
-    step_time: float  # the plain step's estimated seconds (forward and backward)
-    forward_time: float
-    rates: DeviceRates
-    fallback: str = ""  # why the step ran on real tensors, or empty
-    host_masks: bool = False  # random draws land in host memory (dropout masks packable)
-
-    @property
-    def plain_bytes(self) -> int:
-        """Bytes of the distinct storages autograd keeps in the plain step."""
-        return sum(self.storage_bytes[index] for index in self.saved_by)
-
-
-def call_name(module: str, call: int, calls: int) -> str:
-    """A module call's record name: ``module`` if called once, else ``module@call``."""
-    return module if calls == 1 else f"{module}@{call}"
-
-
-def module_name(name: str) -> str:
-    """The qualified module name of a record name (``"layer@2"`` -> ``"layer"``)."""
-    return name.rpartition("@")[0] if "@" in name else name
+__all__ = ["call_with_state", "fake_state", "profile_step"]
 
 
 # Operators whose output shape or value the data decides (nonzero, masked_select, item):
@@ -307,7 +231,7 @@ class _Calls:
         return {record.name: record for record in self.records}, saved_by
 
 
-def _fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
+def fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
     """Every parameter and buffer as a fake tensor (shared ones shared), by name."""
     fakes: dict[int, torch.Tensor] = {}
     state: dict[str, torch.Tensor] = {}
@@ -336,7 +260,7 @@ def _run(
     inputs = example_inputs
     if fake:
         with mode:
-            state = _fake_state(model, mode)
+            state = fake_state(model, mode)
             inputs = torch.utils._pytree.tree_map(
                 lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
                 example_inputs,
@@ -360,7 +284,7 @@ def _run(
         stack.enter_context(recorder)
         if fake:
             with torch.autograd.graph.saved_tensors_hooks(_keeping(calls.pack), _identity):
-                output = _call(model, state, inputs)
+                output = call_with_state(model, state, inputs)
             outputs = require_grad(output)
             recorder.backward = True
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
@@ -386,7 +310,7 @@ def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _call(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
+def call_with_state(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
     from torch.func import functional_call
 
     if isinstance(inputs, dict):

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 
 from .._replay import Geometry, Ref, counted, operator_label
 from .._saved_plan import DROP, LEAF, PACK, ReplayStep, SavedPlan
-from ._profile import ModuleProfile, OpCall, StepProfile
+from ._records import ModuleProfile, OpCall, StepProfile
 
 __all__ = [
     "SavedUnit",

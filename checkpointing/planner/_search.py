@@ -34,7 +34,7 @@ import torch
 
 from .._decisions import FULL
 from ._options import Option, nothing_to_checkpoint, storage_bytes
-from ._profile import StepProfile
+from ._records import StepProfile
 
 __all__ = [
     "EVERY_BLOCK",

@@ -13,12 +13,11 @@ import math
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from .._replay import Geometry, Ref
 from .._saved_plan import ReplayStep, SavedPlan
 
-__all__ = ["PlanFormatError", "decode_saved_plan", "encode_saved_plan", "operator", "signature"]
+__all__ = ["PlanFormatError", "decode_saved_plan", "encode_saved_plan", "operator"]
 
 
 class PlanFormatError(ValueError):
@@ -153,16 +152,3 @@ def decode_saved_plan(value: dict[str, Any]) -> SavedPlan:
         inputs={int(s): int(p) for s, p in value["inputs"].items()},
         summary=value["summary"],
     )
-
-
-def signature(value: Any) -> list[str]:
-    """What a step's inputs look like: ``"float32[4, 192]"`` per tensor, a type name else."""
-    leaves, _ = tree_flatten(value)
-    described = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            dtype = str(leaf.dtype).removeprefix("torch.")
-            described.append(f"{dtype}{list(leaf.shape)}")
-        else:
-            described.append(type(leaf).__name__)
-    return described

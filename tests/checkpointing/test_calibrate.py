@@ -20,10 +20,10 @@ from torch import nn
 import accel
 import checkpointing
 from checkpointing import DeviceRates, calibrate_rates, default_rates
-from checkpointing.planner import _calibrate, builtin_rates
+from checkpointing.planner import _calibrate, _operator_rates, _stopwatch, builtin_rates
 
 # The smallest calibration: one round, tiny tensors, every call counted however short.
-_QUICK = _calibrate._Sizes(
+_QUICK = _stopwatch.Sizes(
     rounds=1,
     matmul=32,
     image=4,
@@ -39,7 +39,7 @@ _QUICK = _calibrate._Sizes(
 @pytest.fixture(autouse=True)
 def _quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The smallest calibration, and a cache directory of the test's own."""
-    monkeypatch.setattr(_calibrate, "_SIZES", _QUICK)
+    monkeypatch.setattr(_stopwatch, "SIZES", _QUICK)
     monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path))
 
 
@@ -47,7 +47,7 @@ def _quick(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def calibrated() -> DeviceRates:
     """One calibration without a model (not saved), shared by the tests that read it."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_calibrate, "_SIZES", _QUICK)
+        patch.setattr(_stopwatch, "SIZES", _QUICK)
         return calibrate_rates("cpu")
 
 
@@ -159,7 +159,7 @@ def test_model_calibration_adds_its_operators_and_leaves_the_model_as_it_was() -
 
 
 def test_recorded_calls_count_bytes_as_the_cost_model_does() -> None:
-    calls = _calibrate._record_calls(_Small(), (torch.randn(4, 8),))
+    calls = _operator_rates.record_calls(_Small(), (torch.randn(4, 8),))
     silu = [c for c in calls if str(c.func) == "aten.silu.default"]
     assert len(silu) == 1
     assert silu[0].moved == 2 * 4 * 8 * 4  # reads 4 x 8 floats, writes as many
@@ -241,7 +241,8 @@ def test_planning_never_calibrates(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("planning timed the device")
 
     monkeypatch.setattr(_calibrate, "_measure", refuse)
-    monkeypatch.setattr(_calibrate, "_seconds", refuse)
+    monkeypatch.setattr(_stopwatch, "seconds", refuse)
+    monkeypatch.setattr(_stopwatch, "best_times", refuse)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(4)])
     plan = checkpointing.plan_checkpointing(model, (torch.randn(8, 16),), memory_budget=0.75)
     assert plan.rates == builtin_rates("cpu")

@@ -17,7 +17,8 @@ from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
 from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
 from checkpointing.planner._kept_ops import Unit, find_units, keep_options
-from checkpointing.planner._profile import OpCall, profile_step
+from checkpointing.planner._profile import profile_step
+from checkpointing.planner._records import OpCall
 
 NO_SELECTIVE = unavailable_reason()
 pytestmark = pytest.mark.skipif(
