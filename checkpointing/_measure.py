@@ -9,9 +9,17 @@ from typing import Any
 
 import torch
 
-from ._replay import storage_key
+__all__ = ["LiveActivationMeter", "SavedTensorMeter", "storage_key"]
 
-__all__ = ["LiveActivationMeter", "SavedTensorMeter"]
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """An identity for ``tensor``'s storage, shared by its views, on any device.
+
+    The address of torch's storage object, not of its bytes: fake tensors, a lazy
+    device's tensors and meta tensors have storages but no data pointer. It is unique
+    while the storage is alive and may be reused after it is freed.
+    """
+    return int(tensor.untyped_storage()._cdata)
 
 
 class SavedTensorMeter:

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from ._measure import storage_key
+
 __all__ = [
     "Geometry",
     "Ref",
@@ -31,16 +33,6 @@ __all__ = [
     "storage_key",
     "template_of",
 ]
-
-
-def storage_key(tensor: torch.Tensor) -> int:
-    """An identity for ``tensor``'s storage, shared by its views, on any device.
-
-    The address of torch's storage object, not of its bytes: fake tensors, a lazy
-    device's tensors and meta tensors have storages but no data pointer. It is unique
-    while the storage is alive and may be reused after it is freed.
-    """
-    return int(tensor.untyped_storage()._cdata)
 
 
 @dataclass(frozen=True)
