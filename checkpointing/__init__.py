@@ -26,6 +26,7 @@ Public names:
   ``apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=(x,))``);
   a plan saves to JSON and loads back; :class:`DeviceRates`, :func:`default_rates`
   and :func:`calibrate_rates`: the cost model's inputs (:mod:`checkpointing.planner`);
+  :class:`PerCallWrapper`: what a plan puts around a module it checkpoints call by call;
 * :func:`is_recomputing`: whether this thread is re-running a checkpointed function;
 * :class:`CheckpointError`: a recomputation that does not match its forward (torch's
   ``torch.utils.checkpoint.CheckpointError``, re-exported);
@@ -44,6 +45,7 @@ from ._apply import apply_activation_checkpointing
 from ._checkpoint import checkpoint
 from ._errors import CheckpointError
 from ._measure import LiveActivationMeter, SavedTensorMeter
+from ._per_call import PerCallWrapper
 from ._sequential import checkpoint_sequential
 from ._state import is_recomputing
 from ._wrapper import CheckpointWrapper, checkpoint_wrapper
@@ -76,6 +78,7 @@ __all__ = [
     "CheckpointWrapper",
     "DeviceRates",
     "LiveActivationMeter",
+    "PerCallWrapper",
     "SavedTensorMeter",
     "apply_activation_checkpointing",
     "calibrate_rates",

@@ -12,11 +12,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ._replay import Geometry
 
-__all__ = ["DROP", "LEAF", "PACK", "ReplayStep", "SavedPlan"]
+__all__ = ["DROP", "LEAF", "PACK", "ReplayStep", "SavedPlan", "operator_named"]
 
 DROP, PACK, LEAF = "drop", "pack", "leaf"
+
+
+def operator_named(name: str) -> Any:
+    """The aten operator overload named ``name`` (``"aten.mul.Tensor"``).
+
+    Raises:
+        AttributeError: If this torch has no such operator.
+    """
+    namespace, _, rest = name.partition(".")
+    packet, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,14 @@ class ReplayStep:
     func: Any
     template: Any
     outputs: tuple[int | None, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An operator overload cannot be pickled; its name can (a wrapped model pickles).
+        return (_replay_step, (self.name, self.template, self.outputs))
+
+
+def _replay_step(name: str, template: Any, outputs: tuple[int | None, ...]) -> ReplayStep:
+    return ReplayStep(name, operator_named(name), template, outputs)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .._replay import Geometry, Ref
-from .._saved_plan import ReplayStep, SavedPlan
+from .._saved_plan import ReplayStep, SavedPlan, operator_named
 
 __all__ = ["PlanFormatError", "decode_saved_plan", "encode_saved_plan", "operator"]
 
@@ -26,10 +26,8 @@ class PlanFormatError(ValueError):
 
 def operator(name: str) -> Any:
     """The aten operator overload named ``name`` (``"aten.mul.Tensor"``)."""
-    namespace, _, rest = name.partition(".")
-    packet, _, overload = rest.partition(".")
     try:
-        return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+        return operator_named(name)
     except AttributeError:
         raise PlanFormatError(
             f"checkpointing: the saved plan names the operator {name!r}, which this torch "

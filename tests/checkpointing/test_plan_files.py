@@ -58,6 +58,18 @@ def test_a_saved_plan_loads_as_the_same_plan_and_trains_exactly(
         assert torch.equal(mine, theirs)
 
 
+def test_a_planned_model_pickles_and_trains_alike() -> None:
+    import pickle
+
+    case = zoo.build("shared")  # per-call wrappers around saved-tensor plans
+    model = copy.deepcopy(case.model)
+    plan_checkpointing(model, case.inputs, 0.5).apply(model)
+    assert any(isinstance(m, checkpointing.PerCallWrapper) for m in model.modules())
+    copied = pickle.loads(pickle.dumps(model))
+    for mine, theirs in zip(_step(case, copied), _step(case, model), strict=True):
+        assert torch.equal(mine, theirs)
+
+
 def test_the_finer_grains_survive_the_file(tmp_path: Path) -> None:
     case = zoo.build("custom")
     found = set()
