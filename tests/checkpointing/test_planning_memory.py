@@ -87,7 +87,7 @@ def test_planning_holds_a_small_fraction_of_the_plain_steps_peak() -> None:
     plain_peak = _step_peak(model, x)
     with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
         plan = plan_checkpointing(model, (x,), 0.5)
-    assert plan.note == ""  # profiled on fake tensors
+    assert "real tensors" not in plan.note  # profiled on fake tensors
     # What planning allocates is the search's tables (about 2 MB whatever the model),
     # none of the step's activations: the bar is 0.25x the plain step's peak.
     assert meter.peak_bytes <= 0.25 * plain_peak, (meter.peak_bytes, plain_peak)

@@ -85,26 +85,29 @@ RANK = textwrap.dedent(
     import torch.distributed as dist
     sys.path.insert(0, os.path.join(os.environ["REPO"], "benchmarks"))
     import _zoo
-    from checkpointing import plan_checkpointing
-    from checkpointing.planner._planning import _plan
     import accel
+    from checkpointing import plan_checkpointing
+    from checkpointing.planner._calibrate import default_rates
+    from checkpointing.planner._planning import _plan
 
     rank = int(os.environ["RANK"])
     torch.set_num_threads(1)
-    if rank == 1:  # a clock that runs at a random rate, as on a loaded host
-        rng, real = random.Random(7), time.perf_counter
-        clock = [real()]
-        def perturbed():
-            clock[0] += rng.uniform(0.0, 3.0) * 1e-3
-            return clock[0]
-        time.perf_counter = time.monotonic = time.time = perturbed
     dist.init_process_group(
         "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300)
     )
-    case = _zoo.build("gpt2" if os.environ["FAMILY"] == "gpt2" else "custom")
+    case = _zoo.build(os.environ["FAMILY"])
     backend = accel.get_backend("cpu")
-    from checkpointing.planner._calibrate import default_rates
+    real = {name: getattr(time, name) for name in ("perf_counter", "monotonic", "time")}
+    if rank == 1:  # while it plans, a clock that runs at a random rate (a loaded host)
+        rng, clock = random.Random(7), [time.perf_counter()]
+        def perturbed():
+            clock[0] += rng.uniform(0.0, 3.0) * 1e-3
+            return clock[0]
+        for name in real:
+            setattr(time, name, perturbed)
     own = _plan(case.model, case.inputs, 0.5, backend, True, default_rates(backend))
+    for name, function in real.items():
+        setattr(time, name, function)
     agreed = plan_checkpointing(case.model, case.inputs, 0.5)
     dist.barrier()
     dist.destroy_process_group()
