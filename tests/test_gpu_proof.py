@@ -523,3 +523,25 @@ def test_bench_budget_difference_is_relative_to_each_tensor() -> None:
     moved = (torch.tensor(2.0), [torch.tensor([1.0, -4.004]), torch.zeros(2)])
     assert bench_budget.difference(moved, reference) == pytest.approx(1e-3, rel=1e-3)
     assert bench_budget.GPU_TOLERANCE < 1e-3  # such a gap is not exact anywhere
+
+
+def test_bench_budget_runs_a_family_at_a_chosen_size_with_the_cpu_exactness_rule(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    import bench_budget
+
+    import accel
+
+    args = argparse.Namespace(size="small", compile=False, warmup=0, steps=1)
+    result = bench_budget.run_case("qwen2", accel.get_backend("cpu"), args)
+    assert result["size"] == "small" and result["size_note"] is None
+    assert result["exact_rule"] == "bit-equal" and result["plain_rerun_difference"] is None
+    plain = result["variants"]["plain"]
+    assert plain["bit_equal"] is True and plain["grad_difference"] == 0
+    # On the CPU, exact is bit-equality, whatever the difference.
+    for row in result["variants"].values():
+        assert row["exact"] is row["bit_equal"]
+    summary = result["summary_at_half"]
+    assert summary is not None and {"estimate", "measured", "bit_equal"} <= set(summary)
