@@ -91,6 +91,14 @@ PARTS = {
 }
 PARTS["all"] = PARTS["bench"] + PARTS["budget"] + PARTS["tests"]
 
+
+def step_names(part: str) -> list[str]:
+    """The steps ``--part part`` runs: fairscale and deepspeed only for bench-offload."""
+    offload = "bench-offload" in PARTS[part]
+    setup = [name for name in SETUP if offload or name not in ("fairscale", "deepspeed")]
+    return [*setup, *PARTS[part]]
+
+
 #: The zoo families bench-budget runs at their gpu size (``_zoo.GPU_SIZED``), and its
 #: timed rounds.
 BUDGET_FAMILIES = ("gpt2", "llama", "qwen2", "vit", "resnet", "shared", "bert")
@@ -404,7 +412,7 @@ def print_plan(args: argparse.Namespace) -> None:
     """What this run needs and allows: the wheels to bring and each step's limit."""
     for line in provision.bring_advice(Path(args.wheels)):
         print(line)
-    names = [*SETUP, *PARTS[args.part]]
+    names = step_names(args.part)
     total = sum(LIMITS[name] for name in names)
     print(f"\nstep limits for --part {args.part} (budget {args.budget_s:.0f} s):")
     for name in names:
@@ -473,9 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         **{name: gpu_step(command) for name, command in GPU_STEPS.items()},
     }
     try:
-        for name in [*SETUP, *PARTS[args.part]]:
-            if name in ("fairscale", "deepspeed") and "bench-offload" not in PARTS[args.part]:
-                continue
+        for name in step_names(args.part):
             runner.step(name, lambda step, body=bodies[name]: body(runner, step))
     finally:
         files = [REPO / name for step in runner.steps for name in step.files]

@@ -367,6 +367,8 @@ def test_part_budget_runs_the_setup_then_bench_budget_at_the_gpu_size_in_one_com
 
     assert gpu_proof.PARTS["budget"] == ("bench-budget",)
     assert "bench-budget" in gpu_proof.PARTS["all"]
+    assert gpu_proof.step_names("budget") == ["environment", "install", "plugins", "bench-budget"]
+    assert gpu_proof.step_names("offload") == [*gpu_proof.SETUP, "bench-offload"]
     # Without bench-offload, fairscale and deepspeed are skipped: the setup took 19 s on
     # the H100, and the default budget (540 s) fits a 10-minute command.
     assert gpu_proof.LIMITS["bench-budget"] + 30 < gpu_proof.parse_args([]).budget_s < 600
