@@ -418,10 +418,15 @@ def print_plan(args: argparse.Namespace) -> None:
     for name in names:
         print(f"  {name.ljust(16)} {LIMITS[name]:4d} s")
     if total > args.budget_s:
+        advice = (
+            "; on a machine whose commands stop at 10 minutes run --part bench, --part "
+            "budget and --part tests as separate commands"
+            if args.part == "all"
+            else ""
+        )
         print(
             f"  the limits add up to {total} s, over the budget: later steps get what is "
-            "left; on a machine whose commands stop at 10 minutes run --part bench, "
-            "--part budget and --part tests as separate commands"
+            f"left{advice}"
         )
     print()
 
