@@ -6,6 +6,13 @@ and lists every target (any mapping with ``met``, ``value`` and ``target``, nest
 finds no figure for (the comparison with fairscale, when fairscale was missing or could
 not run) is NOT PROVEN; both MISSED and NOT PROVEN fail the proof, unless the comparison
 is declared expected to be absent (``--without-fairscale``).
+
+bench_budget's JSON (``benchmark`` ``budget...``) has no ``targets``: its families'
+``summary_at_half`` give three targets each, ``<family>.time`` (the measured step-time
+ratio at budget 0.5 against the family's limit, the planner's estimate beside it),
+``<family>.budget`` (activation memory within 0.5 + 2%) and ``<family>.exact`` (the
+bench's rule: bit-equal on the CPU, within its tolerance elsewhere). A family the run
+was asked for but wrote no figure for (skipped, cut short, no plan at 0.5) is NOT PROVEN.
 """
 
 from __future__ import annotations
@@ -70,6 +77,56 @@ def _describe(target: dict[str, Any]) -> str:
     return f"{shown}, wanted {wanted}" + (f" ({target['note']})" if target.get("note") else "")
 
 
+def _ratio(value: Any) -> str:
+    return f"{value:.2f}x" if isinstance(value, (int, float)) else "-"
+
+
+def budget_verdicts(name: str, document: dict[str, Any]) -> list[Verdict]:
+    """bench_budget's targets at budget 0.5, per family (see the module docstring)."""
+    found: list[Verdict] = []
+    results = {str(result.get("model")): result for result in document.get("models", [])}
+    requested = list(document.get("requested") or results)
+    skipped = document.get("skipped", {})
+    for family in [*requested, *(f for f in results if f not in requested)]:
+        result = results.get(family)
+        summary = None if result is None else result.get("summary_at_half")
+        if summary is None:
+            if family in skipped:
+                reason = f"skipped: {skipped[family]}"
+            elif result is None:
+                reason = "no figure was written (the run stopped before this family)"
+            else:
+                reason = str(result.get("unavailable", {}).get("budget 0.5", "no plan at 0.5"))
+            found.append(Verdict(name, f"{family}.budget 0.5", "NOT PROVEN", reason[:200]))
+            continue
+        size = f", {result.get('size')} size" if result.get("size") else ""
+        estimate_error = summary.get("estimate_error")
+        error = f"{estimate_error:.2f}" if isinstance(estimate_error, (int, float)) else "-"
+        time_detail = (
+            f"measured {_ratio(summary['measured'])}, estimate {_ratio(summary['estimate'])} "
+            f"(|est - meas| {error}), wanted <= {summary['time_target']:.2f}x{size}"
+        )
+        memory_detail = f"memory {_ratio(summary['bytes_ratio'])}, wanted <= 0.52x"
+        rule = result.get("exact_rule", "bit-equal")
+        difference = summary.get("grad_difference")
+        rerun = result.get("plain_rerun_difference")
+        exact_detail = f"rule: {rule}" + (
+            f"; largest gradient difference {difference:.1e}"
+            if isinstance(difference, (int, float))
+            else ""
+        )
+        if isinstance(rerun, (int, float)):
+            exact_detail += f" (plain against itself {rerun:.1e})"
+        for target, met, detail in (
+            ("time", summary.get("time_met"), time_detail),
+            ("budget", summary.get("fits"), memory_detail),
+            ("exact", summary.get("exact"), exact_detail),
+        ):
+            verdict = {True: "met", False: "MISSED"}.get(met, "NOT PROVEN")
+            found.append(Verdict(name, f"{family}.{target}", verdict, detail))
+    return found
+
+
 def verdicts(files: list[Path], *, without_fairscale: bool = False) -> list[Verdict]:
     """Every target in the JSON ``files``, with the expected ones that are absent."""
     found: list[Verdict] = []
@@ -80,6 +137,9 @@ def verdicts(files: list[Path], *, without_fairscale: bool = False) -> list[Verd
             found.append(Verdict(path.name, "-", "NOT PROVEN", f"unreadable JSON: {exc}"))
             continue
         name = str(document.get("benchmark", path.stem))
+        if name.startswith("budget"):
+            # The name lists every family; the rows name theirs, so the size alone here.
+            found += budget_verdicts(f"budget-{document.get('size', 'bench')}", document)
         leaves = _leaves(document.get("targets", {}))
         seen = set()
         for target_name, target in leaves:

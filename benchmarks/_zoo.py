@@ -2,7 +2,8 @@
 
 Every model is built from a config (nothing is downloaded) and trains in a few tens of
 milliseconds on a host CPU at the ``small`` size the tests use; ``size="bench"`` gives
-the benchmark's larger shapes. Families:
+the benchmark's larger shapes, and ``size="gpu"`` wider and longer ones for a CUDA run
+of a subset (:data:`GPU_SIZED`; ``gpu_size`` says what another family runs at). Families:
 
 * ``resnet``: a ResNet-style CNN (Conv2d, BatchNorm2d, ReLU, Dropout2d, residual blocks);
 * ``vit``: transformers' ViT (patch embedding, pre-norm encoder layers, dropout);
@@ -58,7 +59,18 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["FAMILIES", "REQUIRES", "TESTED", "TRANSFORMERS", "ZooModel", "build", "unusable"]
+__all__ = [
+    "FAMILIES",
+    "GPU_SIZED",
+    "REQUIRES",
+    "SIZES",
+    "TESTED",
+    "TRANSFORMERS",
+    "ZooModel",
+    "build",
+    "gpu_size",
+    "unusable",
+]
 
 FAMILIES = (
     "resnet",
@@ -97,6 +109,36 @@ REQUIRES = {
 # children, one encoder and one convolutional family from the newer ones (the
 # benchmark covers every family).
 TESTED = ("resnet", "vit", "gpt2", "llama", "t5", "mixtral", "lstm", "custom", "bert", "convnext")
+SIZES = ("small", "bench", "gpu")
+#: The families with a ``gpu`` size, and their (width, layers, sequence, batch); ``resnet``:
+#: (channels, blocks, image side, batch), ``vit``: the sequence is its patches (side 4x128
+#: /4). Sized from their matrix work (about 5 TFLOP a step for the transformers) for a
+#: family's variants to run in well under a minute on an H100 in fp32; not yet run there.
+GPU_SIZED: dict[str, tuple[int, int, int, int]] = {
+    "gpt2": (1024, 8, 1024, 8),
+    "llama": (1024, 8, 1024, 8),
+    "qwen2": (1024, 8, 1024, 8),
+    "vit": (1024, 8, 1024, 8),
+    "resnet": (128, 8, 64, 64),
+    "shared": (1024, 6, 1024, 8),
+    "bert": (1024, 8, 1024, 8),
+}
+
+
+def gpu_size(family: str, size: str) -> tuple[str, str | None]:
+    """The size ``family`` is built at when ``size`` is asked for, and a line saying why not.
+
+    Only the ``gpu`` size falls back: a family without one (not in :data:`GPU_SIZED`)
+    runs at its ``bench`` size, and the line says so.
+    """
+    if size not in SIZES:
+        raise ValueError(f"unknown zoo size {size!r}; expected one of {', '.join(SIZES)}")
+    if size == "gpu" and family not in GPU_SIZED:
+        return "bench", (
+            f"{family}: the zoo has no gpu size for this family, so it runs at its bench size "
+            f"(gpu sizes: {', '.join(GPU_SIZED)})."
+        )
+    return size, None
 
 
 def unusable(family: str) -> str | None:
@@ -146,6 +188,28 @@ class ZooModel:
 
     def is_block(self, module: nn.Module) -> bool:
         return isinstance(module, self.block_types)
+
+    def to(self, device: torch.device | str) -> ZooModel:
+        """Move the model, the inputs and the tensors the loss holds (labels) to ``device``.
+
+        The losses are closures over their targets: each closure's (and its nested
+        closures') tensor cells are replaced by their copies on ``device``.
+        """
+        self.model.to(device)
+        self.inputs = torch.utils._pytree.tree_map(
+            lambda value: value.to(device) if isinstance(value, torch.Tensor) else value,
+            self.inputs,
+        )
+        pending: list[Any] = [self.loss_of]
+        while pending:
+            function = pending.pop()
+            for cell in getattr(function, "__closure__", None) or ():
+                value = cell.cell_contents
+                if isinstance(value, torch.Tensor):
+                    cell.cell_contents = value.to(device)
+                elif callable(value) and getattr(value, "__closure__", None):
+                    pending.append(value)
+        return self
 
     def held(self, model: nn.Module) -> tuple[int, int]:
         """(live bytes after ``model``'s forward, bytes of the storages autograd saved)."""
@@ -216,18 +280,31 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
 
     Args:
         family: One of :data:`FAMILIES`.
-        size: ``"small"`` (tests: a few milliseconds a step) or ``"bench"``.
+        size: ``"small"`` (tests: a few milliseconds a step), ``"bench"``, or ``"gpu"``
+            (the families in :data:`GPU_SIZED` alone).
         use_cache: For the decoders: the config's ``use_cache`` (transformers' KV cache).
+
+    Raises:
+        ValueError: For an unknown family or size, or ``"gpu"`` for a family without it.
     """
+    if size not in SIZES or (size == "gpu" and family not in GPU_SIZED):
+        raise ValueError(
+            f"no zoo size {size!r} for {family!r}; sizes: {', '.join(SIZES)}, the gpu size "
+            f"for {', '.join(GPU_SIZED)} alone"
+        )
     bench = size == "bench"
+    gpu = GPU_SIZED[family] if size == "gpu" else None
     _ids, _causal_lm_loss = _newer().token_ids, _newer().next_token_loss
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
-    width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
+    width, layers, seq, batch = gpu or ((256, 4, 128, 4) if bench else (32, 2, 16, 2))
     if family == "resnet":
         channels, side = (32, 48) if bench else (8, 12)
-        model: nn.Module = ResNet(channels, 6 if bench else 2)
-        images = torch.randn(16 if bench else 4, 3, side, side, generator=generator)
+        blocks, count = (6, 16) if bench else (2, 4)
+        if gpu is not None:
+            channels, blocks, side, count = gpu
+        model: nn.Module = ResNet(channels, blocks)
+        images = torch.randn(count, 3, side, side, generator=generator)
         labels = torch.randint(10, (images.shape[0],), generator=generator)
         zoo = ZooModel(
             family,
@@ -240,7 +317,7 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
         from transformers import ViTConfig, ViTForImageClassification
         from transformers.models.vit.modeling_vit import ViTLayer
 
-        side = 64 if bench else 16
+        side = 128 if gpu is not None else 64 if bench else 16
         vit = ViTConfig(
             hidden_size=width,
             num_hidden_layers=layers,
@@ -343,7 +420,7 @@ def build(family: str, size: str = "small", *, use_cache: bool = False) -> ZooMo
         ids = _ids(mixtral.vocab_size, batch, seq, generator)
         zoo = ZooModel(family, model, (ids,), _causal_lm_loss(ids), (MixtralDecoderLayer,))
     elif family in FAMILIES:
-        built = _newer().build(family, bench, generator, use_cache)
+        built = _newer().build(family, bench, generator, use_cache, gpu)
         zoo = ZooModel(family, *built)
     else:
         raise ValueError(f"unknown zoo family {family!r}; expected one of {', '.join(FAMILIES)}")

@@ -1,7 +1,9 @@
 """The zoo's newer families (see ``_zoo.py``): module shapes the first six do not have.
 
 Each builder returns ``(model, inputs, loss_of, block_types)`` for ``_zoo.build``, seeded
-by the caller; ``bench`` selects the benchmark's shapes (else the tests' small ones).
+by the caller; ``bench`` selects the benchmark's shapes (else the tests' small ones), and
+``gpu``, where given (``_zoo.GPU_SIZED``), a family's (width, layers, sequence, batch) for
+a CUDA run.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 Built = tuple[nn.Module, Any, Callable[[Any], torch.Tensor], tuple[type[nn.Module], ...]]
+Gpu = tuple[int, int, int, int] | None
 
 
 class LSTMLanguageModel(nn.Module):
@@ -97,14 +100,14 @@ def next_token_loss(ids: torch.Tensor) -> Callable[[Any], torch.Tensor]:
     return loss
 
 
-def _lstm(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _lstm(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     width, seq, batch = (256, 128, 4) if bench else (32, 16, 2)
     model = LSTMLanguageModel(512, width)
     ids = token_ids(512, batch, seq, generator)
     return model, (ids,), next_token_loss(ids), (nn.LSTM,)
 
 
-def _custom(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _custom(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
     model = MixerStack(width, layers)
     x = torch.randn(batch, seq, width, generator=generator)
@@ -112,11 +115,11 @@ def _custom(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, (x,), lambda out: nn.functional.cross_entropy(out, labels), (MixerLayer,)
 
 
-def _bert(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _bert(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     from transformers import BertConfig, BertForMaskedLM
     from transformers.models.bert.modeling_bert import BertLayer
 
-    width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
+    width, layers, seq, batch = gpu or ((256, 4, 128, 4) if bench else (32, 2, 16, 2))
     config = BertConfig(
         vocab_size=512,
         hidden_size=width,
@@ -138,7 +141,7 @@ def _bert(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, inputs, lambda out: out.loss, (BertLayer,)
 
 
-def _convnext(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _convnext(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     from transformers import ConvNextConfig, ConvNextForImageClassification
     from transformers.models.convnext.modeling_convnext import ConvNextLayer
 
@@ -166,7 +169,7 @@ def _convnext(bench: bool, generator: torch.Generator, use_cache: bool) -> Built
     )
 
 
-def _whisper(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _whisper(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
     from transformers.models.whisper.modeling_whisper import (
         WhisperDecoderLayer,
@@ -203,7 +206,7 @@ def _whisper(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, inputs, lambda out: out.loss, (WhisperEncoderLayer, WhisperDecoderLayer)
 
 
-def _unet(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _unet(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     from diffusers import UNet2DModel
     from diffusers.models.resnet import ResnetBlock2D
 
@@ -231,7 +234,7 @@ def _unet(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     )
 
 
-def _phi(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _phi(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     from transformers import PhiConfig, PhiForCausalLM
     from transformers.models.phi.modeling_phi import PhiDecoderLayer
 
@@ -254,7 +257,7 @@ def _phi(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, (ids,), next_token_loss(ids), (PhiDecoderLayer,)
 
 
-def _mamba(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _mamba(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     from transformers import MambaConfig, MambaForCausalLM
     from transformers.models.mamba.modeling_mamba import MambaBlock
 
@@ -655,14 +658,14 @@ class SwinTransformer(nn.Module):
         return logits
 
 
-def _shared(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
-    width, seq, batch = (256, 128, 4) if bench else (32, 16, 2)
-    model = SharedLayerModel(512, width)
+def _shared(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
+    width, depth, seq, batch = gpu or ((256, 6, 128, 4) if bench else (32, 6, 16, 2))
+    model = SharedLayerModel(512, width, depth)
     ids = token_ids(512, batch, seq, generator)
     return model, (ids,), next_token_loss(ids), (nn.TransformerEncoderLayer,)
 
 
-def _albert(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _albert(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     from transformers import AlbertConfig, AlbertForMaskedLM
     from transformers.models.albert.modeling_albert import AlbertLayer
 
@@ -686,14 +689,14 @@ def _albert(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, inputs, lambda out: out.loss, (AlbertLayer,)
 
 
-def _qwen2(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
-    width, layers, seq, batch = (256, 4, 128, 4) if bench else (32, 2, 16, 2)
+def _qwen2(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
+    width, layers, seq, batch = gpu or ((256, 4, 128, 4) if bench else (32, 2, 16, 2))
     model = Qwen2Like(512, width, layers, seq)
     ids = token_ids(512, batch, seq, generator)
     return model, (ids,), next_token_loss(ids), (Qwen2Layer,)
 
 
-def _mae(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _mae(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     side, patch, width, layers, decoder, batch = (
         (64, 4, 256, 4, 128, 8) if bench else (16, 4, 32, 2, 16, 2)
     )
@@ -702,7 +705,7 @@ def _mae(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, (images,), lambda out: out["loss"], (ViTBlock,)
 
 
-def _swin(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _swin(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     side, patch, width, depths, window, batch = (
         (64, 4, 64, [2, 2, 2], 4, 8) if bench else (16, 2, 16, [2, 1], 4, 2)
     )
@@ -712,7 +715,7 @@ def _swin(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, (images,), lambda out: nn.functional.cross_entropy(out, labels), (SwinBlock,)
 
 
-def _wav2vec(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def _wav2vec(bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None) -> Built:
     if bench:
         channels, width, layers, samples, batch = 64, 256, 4, 10240, 4  # 127 frames
         kernels = [(10, 5), (3, 2), (3, 2), (3, 2), (2, 2)]
@@ -725,7 +728,7 @@ def _wav2vec(bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
     return model, (audio,), lambda out: nn.functional.cross_entropy(out, labels), (SpeechLayer,)
 
 
-_BUILDERS: dict[str, Callable[[bool, torch.Generator, bool], Built]] = {
+_BUILDERS: dict[str, Callable[[bool, torch.Generator, bool, Gpu], Built]] = {
     "lstm": _lstm,
     "custom": _custom,
     "bert": _bert,
@@ -743,6 +746,8 @@ _BUILDERS: dict[str, Callable[[bool, torch.Generator, bool], Built]] = {
 }
 
 
-def build(family: str, bench: bool, generator: torch.Generator, use_cache: bool) -> Built:
+def build(
+    family: str, bench: bool, generator: torch.Generator, use_cache: bool, gpu: Gpu = None
+) -> Built:
     """The parts of a ``family`` model (see the module docstring)."""
-    return _BUILDERS[family](bench, generator, use_cache)
+    return _BUILDERS[family](bench, generator, use_cache, gpu)

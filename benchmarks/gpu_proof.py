@@ -17,19 +17,24 @@ printed as granted), within ``--budget-s`` (540 s) in all:
    eat its time; ours against the copy floor, FSDP2 with CPU offload, fairscale and
    DeepSpeed ZeRO-3 on the same model and cap), then ``bench-checkpoint`` on a GPU-sized
    model;
-6. ``conformance`` (``python -m accel conformance cuda``, time for cold triton compiles)
+6. ``bench-budget``: ``bench_budget.py --size gpu`` on a subset of the zoo's families
+   (``BUDGET_FAMILIES``): the planner's estimated step-time ratio beside the measured
+   one at budgets 0.75, 0.5 and 0.25, and torch's checkpointing beside it;
+7. ``conformance`` (``python -m accel conformance cuda``, time for cold triton compiles)
    and ``cuda-tests`` (``pytest tests --accel=cuda -k cuda``).
 
-``--part offload`` (bench-offload alone), ``--part bench`` or ``--part tests`` runs the
-setup steps and a part, for a machine whose commands stop at 10 minutes. Every step runs
-with ``PYTHONPATH`` at the repository root, its JSON is read from its stdout alone, and a
-step's failure never stops the next.
+``--part offload`` (bench-offload alone), ``--part bench``, ``--part budget``
+(bench-budget alone) or ``--part tests`` runs the setup steps and a part, for a machine
+whose commands stop at 10 minutes. Every step runs with ``PYTHONPATH`` at the repository
+root, its JSON is read from its stdout alone, and a step's failure never stops the next.
 The summary reads the JSON each benchmark wrote and prints each target met, MISSED or NOT
-PROVEN; the proof fails on either of the last two (``--without-fairscale`` declares the
-fairscale comparison expected to be absent). ``--dry-run`` runs every step on CPU, the
-CUDA ones reporting "skipped: no GPU" but bench-offload, which runs its smoke run (a tiny
-model on the host; its JSON must hold every summary key), and lists the wheels to bring
-and each budget.
+PROVEN (bench-budget's: per family at budget 0.5, the time target with the estimated and
+measured ratios, the budget +2% and exactness); the proof fails on either of the last
+two (``--without-fairscale`` declares the fairscale comparison expected to be absent).
+``--dry-run`` runs every step on CPU, the CUDA ones reporting "skipped: no GPU" (with
+the command each would run) but bench-offload, which runs its smoke run (a tiny model on
+the host; its JSON must hold every summary key), and lists the wheels to bring and each
+budget.
 Results: ``benchmarks/results/gpu-proof-<cuda|dry-run>-<part>-<date>.json``.
 """
 
@@ -71,6 +76,9 @@ LIMITS = {
     # first run, without FSDP2, DeepSpeed or the optimizer, took 117 s.
     "bench-offload": 420,
     "bench-checkpoint": 120,
+    # Seven GPU-sized families, eight variants each, three timed rounds; the JSON is
+    # written after every family, so a step cut short keeps the families it finished.
+    "bench-budget": 450,
     "conformance": 240,  # a cold triton compile per compiled test
     "cuda-tests": 240,
 }
@@ -78,9 +86,23 @@ SETUP = ("environment", "install", "plugins", "fairscale", "deepspeed")
 PARTS = {
     "offload": ("bench-offload",),
     "bench": ("bench-offload", "bench-checkpoint"),
+    "budget": ("bench-budget",),
     "tests": ("conformance", "cuda-tests"),
 }
-PARTS["all"] = PARTS["bench"] + PARTS["tests"]
+PARTS["all"] = PARTS["bench"] + PARTS["budget"] + PARTS["tests"]
+
+
+def step_names(part: str) -> list[str]:
+    """The steps ``--part part`` runs: fairscale and deepspeed only for bench-offload."""
+    offload = "bench-offload" in PARTS[part]
+    setup = [name for name in SETUP if offload or name not in ("fairscale", "deepspeed")]
+    return [*setup, *PARTS[part]]
+
+
+#: The zoo families bench-budget runs at their gpu size (``_zoo.GPU_SIZED``), and its
+#: timed rounds.
+BUDGET_FAMILIES = ("gpt2", "llama", "qwen2", "vit", "resnet", "shared", "bert")
+BUDGET_STEPS = 3
 
 #: bench_checkpoint's default model is launch-bound on an H100: the proof passes this one.
 CHECKPOINT_GPU_CONFIG = (
@@ -372,6 +394,10 @@ GPU_STEPS: dict[str, list[str]] = {
         "{python}", "benchmarks/bench_checkpoint.py", "--backend", "cuda",
         *CHECKPOINT_GPU_CONFIG,
     ],
+    "bench-budget": [
+        "{python}", "benchmarks/bench_budget.py", "--backend", "cuda", "--size", "gpu",
+        "--model", ",".join(BUDGET_FAMILIES), "--steps", str(BUDGET_STEPS),
+    ],
     "conformance": [
         "{python}", "-m", "accel", "conformance", "cuda", "-q", "-p", "no:cacheprovider",
     ],
@@ -386,16 +412,21 @@ def print_plan(args: argparse.Namespace) -> None:
     """What this run needs and allows: the wheels to bring and each step's limit."""
     for line in provision.bring_advice(Path(args.wheels)):
         print(line)
-    names = [*SETUP, *PARTS[args.part]]
+    names = step_names(args.part)
     total = sum(LIMITS[name] for name in names)
     print(f"\nstep limits for --part {args.part} (budget {args.budget_s:.0f} s):")
     for name in names:
         print(f"  {name.ljust(16)} {LIMITS[name]:4d} s")
     if total > args.budget_s:
+        advice = (
+            "; on a machine whose commands stop at 10 minutes run --part bench, --part "
+            "budget and --part tests as separate commands"
+            if args.part == "all"
+            else ""
+        )
         print(
             f"  the limits add up to {total} s, over the budget: later steps get what is "
-            "left; on a machine whose commands stop at 10 minutes run --part bench and "
-            "--part tests as two commands"
+            f"left{advice}"
         )
     print()
 
@@ -455,9 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         **{name: gpu_step(command) for name, command in GPU_STEPS.items()},
     }
     try:
-        for name in [*SETUP, *PARTS[args.part]]:
-            if name in ("fairscale", "deepspeed") and "bench-offload" not in PARTS[args.part]:
-                continue
+        for name in step_names(args.part):
             runner.step(name, lambda step, body=bodies[name]: body(runner, step))
     finally:
         files = [REPO / name for step in runner.steps for name in step.files]

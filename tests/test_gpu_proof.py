@@ -358,3 +358,192 @@ def test_no_peer_starts_after_the_deadline_and_the_json_is_still_written(
         assert document[peer]["result"].startswith("not attempted: past the run's deadline")
     assert "offload.OffloadModel" in document["median_step_s"]
     assert document["summary"]["reasons"]["fsdp2_step_ratio"].startswith("FSDP2: not attempted")
+
+
+def test_part_budget_runs_the_setup_then_bench_budget_at_the_gpu_size_in_one_command() -> None:
+    import _zoo
+    import bench_budget
+    import gpu_proof
+
+    assert gpu_proof.PARTS["budget"] == ("bench-budget",)
+    assert "bench-budget" in gpu_proof.PARTS["all"]
+    assert gpu_proof.step_names("budget") == ["environment", "install", "plugins", "bench-budget"]
+    assert gpu_proof.step_names("offload") == [*gpu_proof.SETUP, "bench-offload"]
+    # Without bench-offload, fairscale and deepspeed are skipped: the setup took 19 s on
+    # the H100, and the default budget (540 s) fits a 10-minute command.
+    assert gpu_proof.LIMITS["bench-budget"] + 30 < gpu_proof.parse_args([]).budget_s < 600
+    command = gpu_proof.GPU_STEPS["bench-budget"]
+    assert command[:2] == ["{python}", "benchmarks/bench_budget.py"]
+    args = bench_budget.parse_args(command[2:])
+    assert (args.backend, args.size, args.steps) == ("cuda", "gpu", 3)
+    assert args.model.split(",") == list(gpu_proof.BUDGET_FAMILIES)
+    # Every family the proof asks for has a gpu size: none falls back to its bench size.
+    assert set(gpu_proof.BUDGET_FAMILIES) <= set(_zoo.GPU_SIZED)
+
+
+def test_bench_budget_step_is_skipped_without_a_gpu_and_records_its_command() -> None:
+    import gpu_proof
+
+    runner = gpu_proof.Runner(gpu_proof.parse_args(["--dry-run", "--part", "budget"]))
+    body = gpu_proof.gpu_step(gpu_proof.GPU_STEPS["bench-budget"])
+    step = runner.step("bench-budget", lambda step: body(runner, step))
+    assert step.status == "skipped" and step.reason == "no GPU (dry run)"
+    assert step.command == gpu_proof.GPU_STEPS["bench-budget"]
+    assert step.limit_s == gpu_proof.LIMITS["bench-budget"]
+    shutil.rmtree(runner.workdir)
+
+
+def _half(measured: float, estimate: float, **changes: Any) -> dict[str, Any]:
+    summary = {
+        "bytes_ratio": 0.49,
+        "measured": measured,
+        "estimate": estimate,
+        "estimate_error": abs(estimate - measured),
+        "time_target": 1.15,
+        "time_met": measured <= 1.15,
+        "fits": True,
+        "exact": True,
+        "bit_equal": True,
+        "grad_difference": 0.0,
+    }
+    return {**summary, **changes}
+
+
+def test_budget_summary_gives_each_family_met_missed_or_not_proven(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from _proof_targets import print_verdicts, verdicts
+
+    rule = "bit-equal or within 0.0001"
+    document = {
+        "benchmark": "budget-gpu-gpt2-resnet-llama",
+        "size": "gpu",
+        "requested": ["gpt2", "resnet", "llama", "bert", "shared"],
+        "skipped": {"shared": "transformers is not installed"},
+        "models": [
+            {
+                "model": "gpt2",
+                "size": "gpu",
+                "exact_rule": rule,
+                "plain_rerun_difference": 3e-7,
+                "summary_at_half": _half(
+                    1.08, 1.05, exact=True, bit_equal=False, grad_difference=2e-7
+                ),
+            },
+            {
+                "model": "resnet",
+                "size": "gpu",
+                "exact_rule": rule,
+                "summary_at_half": _half(
+                    1.25, 1.1, time_target=1.2, time_met=False, fits=False, bytes_ratio=0.6
+                ),
+            },
+            {
+                "model": "llama",
+                "size": "gpu",
+                "summary_at_half": None,
+                "unavailable": {"budget 0.5": "plan_checkpointing raised: too small"},
+            },
+        ],
+    }
+    found = {v.target: v for v in verdicts([_write(tmp_path / "budget.json", document)])}
+    assert {v.benchmark for v in found.values()} == {"budget-gpu"}
+    assert found["gpt2.time"].verdict == "met"
+    assert "measured 1.08x, estimate 1.05x" in found["gpt2.time"].detail
+    assert "<= 1.15x" in found["gpt2.time"].detail
+    assert found["gpt2.budget"].verdict == "met"
+    assert found["gpt2.exact"].verdict == "met"
+    assert rule in found["gpt2.exact"].detail and "2.0e-07" in found["gpt2.exact"].detail
+    assert "plain against itself 3.0e-07" in found["gpt2.exact"].detail
+    assert found["resnet.time"].verdict == "MISSED" and "<= 1.20x" in found["resnet.time"].detail
+    assert found["resnet.budget"].verdict == "MISSED"
+    assert found["resnet.exact"].verdict == "met"
+    assert found["llama.budget 0.5"].verdict == "NOT PROVEN"
+    assert "too small" in found["llama.budget 0.5"].detail
+    assert found["bert.budget 0.5"].verdict == "NOT PROVEN"
+    assert "stopped before this family" in found["bert.budget 0.5"].detail
+    assert "transformers is not installed" in found["shared.budget 0.5"].detail
+    fails = {target for target, v in found.items() if v.fails}
+    assert fails == {
+        "resnet.time", "resnet.budget", "llama.budget 0.5", "bert.budget 0.5",
+        "shared.budget 0.5",
+    }  # fmt: skip
+    print_verdicts(list(found.values()))
+    assert "gpt2.time" in capsys.readouterr().out
+
+
+def test_zoo_gpu_size_falls_back_with_a_line_and_reaches_the_builders(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import _zoo
+
+    assert _zoo.gpu_size("gpt2", "gpu") == ("gpu", None)
+    assert _zoo.gpu_size("convnext", "bench") == ("bench", None)
+    size, line = _zoo.gpu_size("convnext", "gpu")
+    assert size == "bench" and line is not None
+    assert line.startswith("convnext: the zoo has no gpu size") and line.endswith(".")
+    with pytest.raises(ValueError, match="no zoo size 'gpu' for 'convnext'"):
+        _zoo.build("convnext", "gpu")
+    with pytest.raises(ValueError, match="unknown zoo size"):
+        _zoo.gpu_size("gpt2", "huge")
+    # The gpu shapes reach each builder (small ones here, so that the host builds them).
+    monkeypatch.setitem(_zoo.GPU_SIZED, "qwen2", (32, 3, 12, 3))
+    monkeypatch.setitem(_zoo.GPU_SIZED, "shared", (32, 2, 12, 3))
+    monkeypatch.setitem(_zoo.GPU_SIZED, "resnet", (8, 3, 10, 5))
+    qwen2 = _zoo.build("qwen2", "gpu")
+    assert len(qwen2.model.layers) == 3 and qwen2.inputs[0].shape == (3, 12)
+    shared = _zoo.build("shared", "gpu")
+    assert shared.model.depth == 2 and shared.inputs[0].shape == (3, 12)
+    resnet = _zoo.build("resnet", "gpu")
+    assert len(resnet.model.blocks) == 3 and resnet.inputs[0].shape == (5, 3, 10, 10)
+
+
+def test_zoo_model_moves_its_inputs_and_the_targets_its_loss_holds() -> None:
+    import _zoo
+
+    for family in ("resnet", "qwen2"):
+        case = _zoo.build(family, "small").to("meta")
+        assert all(p.device.type == "meta" for p in case.model.parameters())
+        assert all(t.device.type == "meta" for t in case.inputs)
+        pending, seen = [case.loss_of], []
+        while pending:
+            for cell in pending.pop().__closure__ or ():
+                value = cell.cell_contents
+                if isinstance(value, torch.Tensor):
+                    seen.append(value.device.type)
+                elif callable(value) and getattr(value, "__closure__", None):
+                    pending.append(value)
+        assert seen and set(seen) == {"meta"}
+
+
+def test_bench_budget_difference_is_relative_to_each_tensor() -> None:
+    import bench_budget
+
+    grads = [torch.tensor([1.0, -4.0]), torch.zeros(2)]
+    reference = (torch.tensor(2.0), grads)
+    assert bench_budget.difference((torch.tensor(2.0), [g.clone() for g in grads]), reference) == 0
+    moved = (torch.tensor(2.0), [torch.tensor([1.0, -4.004]), torch.zeros(2)])
+    assert bench_budget.difference(moved, reference) == pytest.approx(1e-3, rel=1e-3)
+    assert bench_budget.GPU_TOLERANCE < 1e-3  # such a gap is not exact anywhere
+
+
+def test_bench_budget_runs_a_family_at_a_chosen_size_with_the_cpu_exactness_rule(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    import bench_budget
+
+    import accel
+
+    args = argparse.Namespace(size="small", compile=False, warmup=0, steps=1)
+    result = bench_budget.run_case("qwen2", accel.get_backend("cpu"), args)
+    assert result["size"] == "small" and result["size_note"] is None
+    assert result["exact_rule"] == "bit-equal" and result["plain_rerun_difference"] is None
+    plain = result["variants"]["plain"]
+    assert plain["bit_equal"] is True and plain["grad_difference"] == 0
+    # On the CPU, exact is bit-equality, whatever the difference.
+    for row in result["variants"].values():
+        assert row["exact"] is row["bit_equal"]
+    summary = result["summary_at_half"]
+    assert summary is not None and {"estimate", "measured", "bit_equal"} <= set(summary)
