@@ -60,10 +60,13 @@ _ENV_VARIABLES = (
 
 
 @pytest.fixture(autouse=True)
-def _clean_accel_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Run every test without ACCEL* variables and with no cached backends."""
+def _clean_accel_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """Run every test without ACCEL* variables, with no cached backends, and with an
+    empty rates cache of its own (calibrated rates never leak between tests, nor come
+    from the machine's own cache)."""
     for variable in _ENV_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("ACCEL_CACHE_DIR", str(tmp_path / "accel-cache"))
     accel.reset_backends()
     yield
     accel.reset_backends()
