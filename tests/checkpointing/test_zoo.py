@@ -119,11 +119,15 @@ def test_one_layer_called_at_every_depth_is_planned_call_by_call(
     family: str, budget: float
 ) -> None:
     # One layer run at six depths (looped transformers, ALBERT's layer group): each call
-    # is a candidate of its own, named "layer@k", and may take its own grain.
+    # is a candidate of its own, named "layer@k", and may take its own grain. The shared
+    # family's layer is called by the model itself, so only its calls can be chosen;
+    # ALBERT's encoder, called once, holds its six and may be chosen instead.
     case = zoo.build(family)
     model, plain = copy.deepcopy(case.model), copy.deepcopy(case.model)
     plan = plan_checkpointing(model, case.inputs, budget)
-    assert any("@" in name for name in plan.decisions), plan.decisions
+    if family == "shared":
+        assert all("@" in name for name in plan.decisions if "layer" in name)
+        assert any("@" in name for name in plan.decisions), plan.decisions
     plan.apply(model)
     _assert_exact(case, model, plain)
     _assert_fits(case, model, plain, budget)
