@@ -35,7 +35,7 @@ def agreed(make: Callable[[], CheckpointPlan]) -> CheckpointPlan:
     if dist.get_rank() == 0:
         try:
             payload[0] = {"plan": make().to_dict()}
-        except Exception as error:  # noqa: BLE001 - the other ranks must hear of any failure
+        except Exception as error:  # the other ranks must hear of any failure
             failure = error
             payload[0] = {"error": f"{type(error).__name__}: {error}"}
     dist.broadcast_object_list(payload, src=0)
