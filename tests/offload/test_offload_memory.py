@@ -10,7 +10,6 @@ own tensor memory is counted by the first measure).
 from __future__ import annotations
 
 import gc
-import time
 import tracemalloc
 from collections.abc import Callable
 
@@ -76,9 +75,7 @@ def test_offload_model_memory_is_flat() -> None:
         engine.backward(engine(data[index % 4]).square().mean())
         engine.step()
 
-    start = time.perf_counter()
     first, last, traced = train(step)
-    assert time.perf_counter() - start < 30
     assert last == first, f"{last - first} tensors leaked over {STEPS - WARMUP} steps"
     assert traced < 256 * 1024, f"{traced} bytes of Python allocations kept"
     assert len(pool) <= 3  # one pinned buffer per slice input kept on the host, reused
