@@ -112,7 +112,6 @@ class _Recorder(TorchDispatchMode):
             for t in written_tensors(func, args, kwargs)
             if (index := self.identify(t)) is not None
         ]
-        written = sum(self.storage_bytes[index] for index in fresh)
         kept = is_saved_operator(func)
         name = str(func)
         random = torch.Tag.nondeterministic_seeded in func.tags
@@ -136,11 +135,9 @@ class _Recorder(TorchDispatchMode):
         for record in self.stack:
             record.data_dependent |= data_dependent
             record.forward_time += seconds
-            record.written_bytes += written
             if kept:
                 record.cached.update(fresh)
             else:
-                record.recomputed_bytes += written
                 record.recomputed_time += seconds
             occurrence = self.occurrences[id(record), name]
             self.occurrences[id(record), name] += 1
@@ -189,10 +186,6 @@ class _Calls:
         if recorder.stack:
             self.children.setdefault(id(recorder.stack[-1]), []).append(record)
         tensors = tensors_of((args, kwargs))
-        # `f(x, x)`: the checkpoint restores such repeats in its recomputation (torch hands
-        # it one tensor per argument; self-attention projects `query is key` in one
-        # product), so these modules are candidates like any other.
-        record.repeated_input = len({id(t) for t in tensors}) < len(tensors)
         if module.training and getattr(module, "track_running_stats", False):
             for running in (record, *recorder.stack):
                 running.running_stats = True

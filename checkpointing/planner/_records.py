@@ -46,7 +46,6 @@ class ModuleProfile:
     module: str = ""  # the module's qualified name (``name`` less any ``@k``)
     call: int = 0  # which call of the module this is (0 for the first)
     calls: int = 1  # how many calls of the module the step makes
-    repeated_input: bool = False
     running_stats: bool = False  # it or a module inside updates running statistics
     data_dependent: bool = False  # an operator inside has a data-dependent output shape
     fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
@@ -56,8 +55,6 @@ class ModuleProfile:
     cached: set[int] = field(default_factory=set)
     forward_time: float = 0.0
     recomputed_time: float = 0.0
-    written_bytes: int = 0
-    recomputed_bytes: int = 0
     ops: list[OpCall] = field(default_factory=list)
     packs: list[tuple[int | None, Geometry]] = field(default_factory=list)
     input_order: list[int | None] = field(default_factory=list)
