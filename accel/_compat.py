@@ -264,6 +264,24 @@ def keep_selective_cache_outside_hooks(forward_context: Any) -> None:
 
 
 @functools.cache
+def fake_profile_unavailable() -> str | None:
+    """Why a step cannot be profiled on fake tensors with this torch, or ``None``.
+
+    torch 2.4's ``FakeTensorMode`` refuses real tensors a model keeps outside its
+    parameters and buffers (transformers' T5 position buckets) and warns on data
+    pointers its own kernels read, where torch 2.5 and later convert and stay silent;
+    on 2.4 the planner profiles one real forward that keeps nothing instead.
+    """
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 5):
+        return (
+            f"torch {torch.__version__}'s fake tensors refuse some models' own tensors "
+            "(fake-tensor profiling needs torch 2.5 or later)"
+        )
+    return None
+
+
+@functools.cache
 def selective_cache_allows_mutation() -> bool:
     """Whether a selective checkpoint may keep an output that the forward later mutates.
 

@@ -35,7 +35,7 @@ from accel import Accelerator
 from .._args import require_bool, resolve_backend
 from .._checkpoint import run_checkpoint
 from .._non_reentrant import ContextFn
-from .._selective import kept_calls_context_fn
+from .._selective import kept_calls_context_fn, unavailable_reason
 from . import _stopwatch
 from ._cost import DeviceRates, builtin_rates, tensor_bytes
 from ._operator_rates import model_operator_rates, record_calls
@@ -322,7 +322,13 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         )
     calls = record_calls(reference, inputs)
     operators = model_operator_rates(calls, backend, call, sizes)
-    per_call, per_kept = selective_overhead(backend, sizes)
+    # Without the operator grain (torch 2.4) no plan pays a selective policy: the base
+    # rates' figures stay.
+    per_call, per_kept = (
+        (base.policy_call_seconds, base.policy_kept_seconds)
+        if unavailable_reason() is not None
+        else selective_overhead(backend, sizes)
+    )
     hook = _hook_seconds(backend, sizes)
     where = (
         f"calibrated on {_device_name(backend)}, torch {torch.__version__}, "

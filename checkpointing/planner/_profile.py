@@ -34,6 +34,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from accel._compat import fake_profile_unavailable
+
 from .._replay import Geometry, Ref, replayable, storage_key, template_of
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
@@ -328,7 +330,7 @@ def profile_step(
         The recorded profile.
     """
     rates = builtin_rates(backend.device_type) if rates is None else rates
-    fallback = _no_fake_reason(model)
+    fallback = fake_profile_unavailable() or _no_fake_reason(model)
     if not fallback:
         try:
             calls, recorder, backward = _run(model, example_inputs, rates, fake=True)

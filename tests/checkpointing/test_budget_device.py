@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from accel import Accelerator
+from accel._compat import fake_profile_unavailable
 from checkpointing import CheckpointPlan, SavedTensorMeter, plan_checkpointing
 
 
@@ -60,7 +61,8 @@ def test_a_plan_made_on_the_device_is_exact_and_fits(
 ) -> None:
     model, x = _model(accel_backend.device())
     plan = plan_checkpointing(model, (x,), budget, backend=accel_backend)
-    assert "real tensors" not in plan.note, plan.note  # fake tensors: nothing ran there
+    if fake_profile_unavailable() is None:  # torch 2.5 and later
+        assert "real tensors" not in plan.note, plan.note  # fake tensors: nothing ran there
     assert plan.decisions and plan.estimated_bytes <= plan.budget_bytes
     planned = copy.deepcopy(model)
     plan.apply(planned, backend=accel_backend)

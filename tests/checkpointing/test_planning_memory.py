@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from accel._compat import fake_profile_unavailable
 from checkpointing import CheckpointPlan, LiveActivationMeter, SavedTensorMeter, plan_checkpointing
 
 
@@ -87,10 +88,16 @@ def test_planning_holds_a_small_fraction_of_the_plain_steps_peak() -> None:
     plain_peak = _step_peak(model, x)
     with LiveActivationMeter(exclude=[*model.parameters(), *model.buffers()]) as meter:
         plan = plan_checkpointing(model, (x,), 0.5)
-    assert "real tensors" not in plan.note  # profiled on fake tensors
-    # What planning allocates is the search's tables (about 2 MB whatever the model),
-    # none of the step's activations: the bar is 0.25x the plain step's peak.
-    assert meter.peak_bytes <= 0.25 * plain_peak, (meter.peak_bytes, plain_peak)
+    if fake_profile_unavailable() is None:
+        assert "real tensors" not in plan.note  # profiled on fake tensors
+        # What planning allocates is the search's tables (about 2 MB whatever the
+        # model), none of the step's activations: the bar is 0.25x.
+        limit = 0.25
+    else:
+        # torch 2.4: one real forward that keeps none of what autograd saves.
+        assert "real tensors" in plan.note
+        limit = 0.8
+    assert meter.peak_bytes <= limit * plain_peak, (meter.peak_bytes, plain_peak)
     planned = copy.deepcopy(model)
     plan.apply(planned)
     assert _held(model, planned, x, plan) <= 0.52 * plan.plain_bytes
