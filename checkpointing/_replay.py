@@ -21,8 +21,6 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from ._measure import storage_key
-
 __all__ = [
     "Geometry",
     "Ref",
@@ -30,7 +28,6 @@ __all__ = [
     "operator_label",
     "replayable",
     "resolve",
-    "storage_key",
     "template_of",
 ]
 

@@ -33,8 +33,9 @@ from accel import Accelerator
 from accel._compat import current_saved_tensors_hooks
 
 from ._errors import CheckpointError, plan_mismatch
+from ._measure import storage_key
 from ._packed import Packed
-from ._replay import Geometry, Ref, resolve, storage_key
+from ._replay import Geometry, Ref, resolve
 from ._saved_plan import DROP, LEAF, PACK, SavedPlan
 from ._state import ForwardState
 from ._steps import tensors_of as _tensors

@@ -31,8 +31,8 @@ from accel._compat import (
 )
 
 from ._errors import CheckpointError, plan_mismatch
+from ._measure import storage_key
 from ._non_reentrant import ContextFn
-from ._replay import storage_key
 
 __all__ = [
     "SAVED_OPERATORS",

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_map
 
 from accel import Accelerator
 
-from .._replay import storage_key
+from .._measure import storage_key
 from .._steps import require_grad, tensors_of
 from . import _stopwatch
 from ._cost import _CONVOLUTION, _MATMUL, _RNN_LAYERS, tensor_bytes

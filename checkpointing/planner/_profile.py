@@ -36,7 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from accel._compat import fake_profile_unavailable
 
-from .._replay import Geometry, Ref, replayable, storage_key, template_of
+from .._measure import storage_key
+from .._replay import Geometry, Ref, replayable, template_of
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
