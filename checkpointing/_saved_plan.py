@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from ._replay import Geometry
 
-__all__ = ["DROP", "LEAF", "PACK", "ReplayStep", "SavedPlan", "operator_named"]
+__all__ = ["DROP", "LEAF", "PACK", "ReplayStep", "SavedPlan", "grad_pattern", "operator_named"]
 
 DROP, PACK, LEAF = "drop", "pack", "leaf"
 
@@ -30,6 +31,16 @@ def operator_named(name: str) -> Any:
     namespace, _, rest = name.partition(".")
     packet, _, overload = rest.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+
+
+def grad_pattern(module: nn.Module, inputs: list[torch.Tensor]) -> tuple[bool, ...]:
+    """Which of a call's tensor inputs, then which of ``module``'s parameters, need grad.
+
+    Autograd saves other tensors when it changes (a linear layer whose input needs
+    grad also saves its weight), so a :class:`SavedPlan` holds only for the pattern
+    it was made with.
+    """
+    return (*(t.requires_grad for t in inputs), *(p.requires_grad for p in module.parameters()))
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ class SavedPlan:
         recipes: Dropped storage to the calls that recompute it, in forward order.
         inputs: Storage to its position among the module's flattened tensor inputs.
         summary: What the plan drops and packs, for the plan's table.
+        grads: The :func:`grad_pattern` of the profiled call (``None``: not recorded).
     """
 
     module: str
@@ -79,6 +91,7 @@ class SavedPlan:
     recipes: dict[int, tuple[ReplayStep, ...]]
     inputs: dict[int, int]
     summary: str = ""
+    grads: tuple[bool, ...] | None = None
 
     @property
     def state_prefix(self) -> str:

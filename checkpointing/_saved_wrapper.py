@@ -18,11 +18,18 @@ forward's values. Planned tensors are then:
 Every other saved tensor goes to the hooks that were active outside the module, if
 any, unchanged. Under ``torch.compile`` the module runs without the hooks (the compiled
 graph decides what it saves).
+
+Which tensors autograd saves depends on which inputs and parameters need grad (a
+linear layer saves its weight only when its input needs grad). A call whose pattern
+differs from the profiled one (inputs that need grad where the example inputs did not,
+parameters frozen after planning) is checkpointed whole instead, with one warning per
+wrapper: exact, and keeping less than the plan would.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import torch
@@ -32,11 +39,12 @@ import accel
 from accel import Accelerator
 from accel._compat import current_saved_tensors_hooks
 
+from ._checkpoint import _user_stacklevel
 from ._errors import CheckpointError, plan_mismatch
 from ._measure import storage_key
 from ._packed import Packed
 from ._replay import Geometry, Ref, resolve
-from ._saved_plan import DROP, LEAF, PACK, SavedPlan
+from ._saved_plan import DROP, LEAF, PACK, SavedPlan, grad_pattern
 from ._state import ForwardState
 from ._steps import tensors_of as _tensors
 from ._wrapper import CheckpointWrapper
@@ -192,6 +200,7 @@ class SavedTensorWrapper(CheckpointWrapper):
     ) -> None:
         super().__init__(module, backend=backend)
         self.plan = plan
+        self._warned = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward with the plan's saved-tensor hooks.
@@ -202,7 +211,27 @@ class SavedTensorWrapper(CheckpointWrapper):
         """
         if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self.module(*args, **kwargs)
+        grads = self.plan.grads
+        if grads is not None and grad_pattern(self.module, _tensors((args, kwargs))) != grads:
+            self._warn_whole()
+            return super().forward(*args, **kwargs)
         return self._hooked(args, kwargs)
+
+    def _warn_whole(self) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        warnings.warn(
+            f"checkpointing: {self.plan.module or 'the model'!r} was planned at the "
+            "saved-tensor grain with example inputs whose need for grad differs from this "
+            "call's (an input needs grad here, or a parameter was frozen or unfrozen since "
+            "planning), so autograd saves other tensors than the plan lists. This call is "
+            "checkpointed whole instead: exact, keeping less memory, recomputing more. To "
+            "keep the plan, pass plan_checkpointing example inputs that need grad exactly "
+            "as the training inputs do.",
+            UserWarning,
+            stacklevel=_user_stacklevel(),
+        )
 
     # Run eagerly as a whole even inside a compiled caller's eager fallback: were the
     # module's own frames compiled, its saved tensors would not be the planned ones.

@@ -38,6 +38,7 @@ from accel._compat import fake_profile_unavailable
 
 from .._measure import storage_key
 from .._replay import Geometry, Ref, replayable, template_of
+from .._saved_plan import grad_pattern
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
@@ -192,6 +193,7 @@ class _Calls:
         if module.training and getattr(module, "track_running_stats", False):
             for running in (record, *recorder.stack):
                 running.running_stats = True
+        record.grads = grad_pattern(module, tensors)
         for tensor in tensors:
             index = recorder.identify(tensor)
             record.data_dependent |= index in recorder.shaped_by_data

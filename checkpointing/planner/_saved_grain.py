@@ -251,4 +251,5 @@ def saved_plan(profile: StepProfile, name: str, units: list[SavedUnit]) -> Saved
         recipes=recipes,
         inputs={i: p for i, p in module.inputs.items() if i in needed},
         summary=saved_summary(units),
+        grads=record.grads,
     )

@@ -129,6 +129,7 @@ def encode_saved_plan(plan: SavedPlan) -> dict[str, Any]:
             for storage, steps in plan.recipes.items()
         },
         "inputs": {str(s): p for s, p in plan.inputs.items()},
+        "grads": None if plan.grads is None else list(plan.grads),
     }
 
 
@@ -149,4 +150,5 @@ def decode_saved_plan(value: dict[str, Any]) -> SavedPlan:
         },
         inputs={int(s): int(p) for s, p in value["inputs"].items()},
         summary=value["summary"],
+        grads=None if value.get("grads") is None else tuple(value["grads"]),
     )

@@ -182,7 +182,8 @@ def test_the_memory_budget_planner_is_exact_and_fits(backend: PrivateUse1Backend
     plain = _mlp().to(device)
     expected = _step(backend, plain, plain)
     model = _mlp().to(device)
-    x = torch.randn(8, 32, device=device)
+    # The step's input needs grad, so the example does too (the plan depends on it).
+    x = torch.randn(8, 32, device=device, requires_grad=True)
     wrapped = apply_activation_checkpointing(
         model,
         memory_budget=0.5,

@@ -189,6 +189,55 @@ def test_a_changed_input_is_refused_with_generators_and_gradients_untouched() ->
     assert all(p.grad is None for p in model.parameters())
 
 
+def _saved_plan_everywhere() -> tuple[Model, Model, torch.Tensor]:
+    reference, x = _model(), _inputs()
+    model = copy.deepcopy(reference)
+    plan = plan_checkpointing(model, (x,), memory_budget=0.6, selective=False)
+    assert set(plan.decisions.values()) == {SAVED}
+    plan.apply(model)
+    return model, reference, x
+
+
+def _assert_same_grads(model: nn.Module, reference: nn.Module) -> None:
+    for param, expected in zip(model.parameters(), reference.parameters(), strict=True):
+        if expected.grad is None:
+            assert param.grad is None
+        else:
+            assert param.grad is not None and torch.equal(param.grad, expected.grad)
+    model.zero_grad(set_to_none=True)
+    reference.zero_grad(set_to_none=True)
+
+
+def test_an_input_that_needs_grad_where_the_example_did_not_checkpoints_whole() -> None:
+    model, reference, x = _saved_plan_everywhere()
+    plain = _live_bytes(reference, x.clone().requires_grad_(True))
+    wanting, expected_input = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    with pytest.warns(
+        UserWarning, match=r"^checkpointing: 'body[\w.]*' was planned .* need for grad"
+    ):
+        loss, _ = _step(model, wanting)
+    expected_loss, _ = _step(reference, expected_input)
+    assert torch.equal(loss, expected_loss)
+    assert wanting.grad is not None and torch.equal(wanting.grad, expected_input.grad)
+    _assert_same_grads(model, reference)
+    # Checkpointed whole, the planned modules keep their inputs only: less than plain.
+    assert _live_bytes(model, x.clone().requires_grad_(True)) < plain
+    # The plan itself still runs where the pattern matches it.
+    _assert_same_step(model, reference, x)
+
+
+def test_a_parameter_frozen_after_planning_checkpoints_whole_and_warns_once() -> None:
+    model, reference, x = _saved_plan_everywhere()
+    for module in (model, reference):
+        module.body.layers[1].linear1.weight.requires_grad_(False)
+    with pytest.warns(UserWarning, match="frozen or unfrozen") as caught:
+        for _ in range(2):
+            loss, _ = _step(model, x)
+            assert torch.equal(loss, _step(reference, x)[0])
+            _assert_same_grads(model, reference)
+    assert len([w for w in caught if "checkpointed whole" in str(w.message)]) == 1
+
+
 class Scaled(nn.Module):
     def __init__(self) -> None:
         super().__init__()
