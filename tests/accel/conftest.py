@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -77,3 +80,85 @@ def replace_spec(monkeypatch: pytest.MonkeyPatch) -> ReplaceSpec:
         monkeypatch.setattr(_select, "_catalog", Catalog(entries=entries, failures=()))
 
     return apply
+
+
+#: The backends of one conformance run that several tests read: a healthy one and three
+#: plugins that each break one rule (``tests/data/plugins_site``, ``tests/data/rules_site``).
+SEVERAL = ("recording", "fakenorestore", "fakecardcount", "fakelivestate")
+
+_SECTION = re.compile(r"^_{3,} (\S+) _{3,}$")
+_RULE = re.compile(r"conformance rule ([a-z0-9-]+) \(")
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """One pytest run of the conformance suite over several backends, read per backend."""
+
+    returncode: int
+    output: str
+
+    def ids(self, outcome: str, backend: str) -> list[str]:
+        """The test ids of ``backend``'s ``-rA`` summary lines for ``outcome`` (``PASSED``...)."""
+        prefix = f"{outcome} "
+        found = []
+        for line in self.output.splitlines():
+            if line.startswith(prefix):
+                test_id = line[len(prefix) :].split(" - ", 1)[0]
+                if test_id.endswith(f"[{backend}]"):
+                    found.append(test_id)
+        return found
+
+    def rules(self, backend: str) -> set[str]:
+        """The conformance rules named in ``backend``'s failure sections."""
+        named: set[str] = set()
+        current = ""
+        for line in self.output.splitlines():
+            header = _SECTION.match(line)
+            if header:
+                current = header.group(1)
+            elif line.startswith("====="):
+                current = ""
+            elif current.endswith(f"[{backend}]"):
+                named.update(_RULE.findall(line))
+        return named
+
+
+@pytest.fixture(scope="session")
+def conformance_run(tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
+    """The suite over :data:`SEVERAL`, as a user types it, in one fresh process.
+
+    ``python -m pytest -p accel.testing --pyargs accel.conformance --accel=...`` from a
+    directory holding an empty ini file, with no ACCEL* variables and the fake plugin
+    sites on ``PYTHONPATH``. One process for all four backends: each fresh process
+    imports torch and compiles the suite's checks again (tens of seconds).
+    """
+    folder = tmp_path_factory.mktemp("conformance")
+    (folder / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("ACCEL") and name != "PYTEST_ADDOPTS"
+    }
+    sites = [str(DATA / "plugins_site"), str(DATA / "rules_site"), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, sites))
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "accel.testing",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "accel.conformance",
+            f"--accel={','.join(SEVERAL)}",
+            "-rA",
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,  # a hang guard, generous for a loaded 2-core CI machine
+    )
+    return SuiteRun(completed.returncode, completed.stdout + completed.stderr)

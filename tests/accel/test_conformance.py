@@ -11,6 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,27 +81,14 @@ def test_cli_certifies_cpu(user_dir: pytest.Pytester) -> None:
     _assert_clean_pass(result)
 
 
-def test_pytest_command_certifies_recording(user_dir: pytest.Pytester) -> None:
-    # What `python -m accel conformance recording` stands for, typed out.
-    result = user_dir.run(
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "accel.testing",
-        "-p",
-        "no:cacheprovider",
-        "--pyargs",
-        "accel.conformance",
-        "--accel=recording",
-        "-rA",
-        timeout=TIMEOUT_S,
-    )
-
-    outcomes = _assert_clean_pass(result)
-    passed = _lines(result, "PASSED")
-    assert len(passed) == outcomes["passed"]
-    assert all(test_id.endswith("]") and "[recording" in test_id for test_id in passed), passed
+def test_pytest_command_certifies_recording(conformance_run: Any) -> None:
+    # What `python -m accel conformance recording` stands for, typed out (beside three
+    # broken backends in the same run: conftest.conformance_run).
+    passed = conformance_run.ids("PASSED", "recording")
+    assert len(passed) >= 15, conformance_run.output
+    assert not conformance_run.ids("FAILED", "recording"), conformance_run.output
+    assert not conformance_run.ids("ERROR", "recording"), conformance_run.output
+    assert not conformance_run.rules("recording")
     assert "test_rng.py::test_fork_rng_restores[recording]" in passed
 
 
@@ -133,28 +121,21 @@ def test_hpu_double_passes_with_device_tensor_checks_skipped(
     ), skipped
 
 
-def test_broken_backend_fails_exactly_the_fork_rng_rule(
-    user_dir: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    _with_pythonpath(monkeypatch, PLUGINS_SITE)
-
-    result = _conformance(user_dir, "fakenorestore", "-rA")
-
-    output = result.stdout.str()
-    assert result.ret == pytest.ExitCode.TESTS_FAILED, output
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("errors", 0) == 0, outcomes
-    assert outcomes.get("passed", 0) >= 15, outcomes
-    assert "conformance rule fork-rng (" in output
-    failed = _lines(result, "FAILED")
-    assert len(failed) == outcomes["failed"] >= 1, (failed, outcomes)
+def test_broken_backend_fails_exactly_the_fork_rng_rule(conformance_run: Any) -> None:
+    assert conformance_run.returncode == pytest.ExitCode.TESTS_FAILED, conformance_run.output
+    assert len(conformance_run.ids("PASSED", "fakenorestore")) >= 15, conformance_run.output
+    assert not conformance_run.ids("ERROR", "fakenorestore"), conformance_run.output
+    failed = conformance_run.ids("FAILED", "fakenorestore")
+    assert failed, conformance_run.output
     assert all(
         re.fullmatch(
-            r"test_(rng|devices_and_compile)\.py::test_fork_rng_\w+\[fakenorestore\]", test_id
+            r"test_(rng|devices_and_compile)\.py::test_fork_rng_\w+"
+            r"\[fakenorestore\]",
+            test_id,
         )
         for test_id in failed
     ), failed
-    assert set(_RULE.findall(output)) == {"fork-rng"}
+    assert conformance_run.rules("fakenorestore") == {"fork-rng"}
 
 
 CONFLICT_SITE = TESTS / "data" / "conflict_site"

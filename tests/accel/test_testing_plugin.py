@@ -1,8 +1,10 @@
-"""The opt-in pytest plugin ``accel.testing``, driven in pytest subprocesses (``pytester``).
+"""The opt-in pytest plugin ``accel.testing``, driven in pytest runs of its own (``pytester``).
 
-Each run is a fresh ``python -m pytest -p accel.testing`` in a temporary directory with an
-empty ini file, so neither the plugin's state nor this project's pytest configuration leaks
-in or out. Every run imports torch (seconds), so each test checks several things at once.
+Each run is ``pytest -p accel.testing`` in a temporary directory with an empty ini file
+and plugin autoloading off, so this project's pytest configuration does not leak in. The
+runs happen in this process (a fresh process imports torch, seconds each), with the
+backends this session discovered; the test that changes what discovery finds runs in a
+fresh process.
 """
 
 from __future__ import annotations
@@ -102,10 +104,16 @@ def isolated(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pyte
     return pytester
 
 
-def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p", "accel.testing", "-p", "no:cacheprovider", *args, timeout=TIMEOUT_S
-    )
+def _run(pytester: pytest.Pytester, *args: str, fresh: bool = False) -> pytest.RunResult:
+    """Run pytest on ``pytester``'s files with the plugin: in this process, or a fresh one.
+
+    In this process the backends are the ones this session discovered; a test that
+    changes what discovery finds (``PYTHONPATH``, strict plugins) needs ``fresh=True``.
+    """
+    options = ("-p", "accel.testing", "-p", "no:cacheprovider", *args)
+    if fresh:
+        return pytester.runpytest_subprocess(*options, timeout=TIMEOUT_S)
+    return pytester.runpytest_inprocess(*options)
 
 
 def _skips(result: pytest.RunResult) -> list[str]:
@@ -360,7 +368,7 @@ def test_a_broken_plugin_does_not_break_a_session_with_warnings_as_errors(
     isolated.makeini("[pytest]\nfilterwarnings = error\n")
     isolated.makepyfile(test_warned=_PER_BACKEND)
 
-    result = _run(isolated, "-W", "error", "-v", "--accel=cpu")
+    result = _run(isolated, "-W", "error", "-v", "--accel=cpu", fresh=True)
 
     assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
     result.assert_outcomes(passed=1)
@@ -373,7 +381,7 @@ def test_a_broken_plugin_does_not_break_a_session_with_warnings_as_errors(
 
     # Strict mode stops the session with the plugin's sentence, not an INTERNALERROR.
     monkeypatch.setenv("ACCEL_STRICT_PLUGINS", "1")
-    result = _run(isolated, "--accel=cpu")
+    result = _run(isolated, "--accel=cpu", fresh=True)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     error = result.stderr.str()
     assert "INTERNALERROR" not in result.stdout.str() + error

@@ -99,7 +99,7 @@ def train_step(
         _loss(outputs).backward()
     else:
         backward(outputs, inputs, model)
-    return {
+    observed = {
         "outputs": _detach(outputs),
         "input_grads": [
             None if t.grad is None else t.grad.clone()
@@ -112,6 +112,13 @@ def train_step(
         "cpu_rng": torch.get_rng_state(),
         "device_rng": backend.get_rng_state(),
     }
+    # Compared on the host: on a lazy device each comparison would otherwise be a graph
+    # of its own to compile (dozens per test); the step runs as one graph here.
+    backend.mark_step()
+    host: dict[str, Any] = torch.utils._pytree.tree_map(
+        lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, observed
+    )
+    return host
 
 
 def compare(
