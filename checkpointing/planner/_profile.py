@@ -26,6 +26,7 @@ then estimated as twice its forward. :attr:`StepProfile.fallback` says why.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from contextlib import ExitStack, nullcontext
 from typing import Any
@@ -68,6 +69,7 @@ class _Recorder(TorchDispatchMode):
         self.rates = rates
         self.state_names = state_names
         self.ids: dict[int, int] = {}
+        self.alive: dict[int, weakref.ref[Any]] = {}  # each key's storage, while it lives
         self.storage_bytes: dict[int, int] = {}
         self.stack: list[ModuleProfile] = []
         self.occurrences: Counter[tuple[int, str]] = Counter()  # (record, operator) calls
@@ -80,9 +82,15 @@ class _Recorder(TorchDispatchMode):
         key = storage_key(tensor)
         if key in self.state_names:
             return None
-        if new or key not in self.ids:
+        storage = tensor.untyped_storage()
+        known = self.alive.get(key)
+        # A storage's address is reused once it is freed (the real-forward profile keeps
+        # nothing), and a tensor no operator returned (a wrapped scalar) may land there:
+        # it is a new storage, or the numbering would follow the allocator.
+        if new or known is None or known() is not storage:
             index = self.ids[key] = len(self.storage_bytes)
-            self.storage_bytes[index] = tensor.untyped_storage().nbytes()
+            self.storage_bytes[index] = storage.nbytes()
+            self.alive[key] = weakref.ref(storage)
         return self.ids[key]
 
     def ref(self, tensor: torch.Tensor) -> Ref | None:
