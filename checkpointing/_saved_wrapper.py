@@ -211,11 +211,12 @@ class SavedTensorWrapper(CheckpointWrapper):
         """
         if not torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self.module(*args, **kwargs)
+        inputs = _tensors((args, kwargs))
         grads = self.plan.grads
-        if grads is not None and grad_pattern(self.module, _tensors((args, kwargs))) != grads:
+        if grads is not None and grad_pattern(self.module, inputs) != grads:
             self._warn_whole()
             return super().forward(*args, **kwargs)
-        return self._hooked(args, kwargs)
+        return self._hooked(args, kwargs, inputs)
 
     def _warn_whole(self) -> None:
         if self._warned:
@@ -236,8 +237,9 @@ class SavedTensorWrapper(CheckpointWrapper):
     # Run eagerly as a whole even inside a compiled caller's eager fallback: were the
     # module's own frames compiled, its saved tensors would not be the planned ones.
     @torch.compiler.disable  # type: ignore[untyped-decorator]
-    def _hooked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        inputs = _tensors((args, kwargs))
+    def _hooked(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[torch.Tensor]
+    ) -> Any:
         run = _Run(self, inputs)
         state = ForwardState.capture(self._backend_ref.get() or accel.get_backend(), True, inputs)
         try:

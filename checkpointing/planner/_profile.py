@@ -68,8 +68,8 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.rates = rates
         self.state_names = state_names
-        self.ids: dict[int, int] = {}
-        self.alive: dict[int, weakref.ref[Any]] = {}  # each key's storage, while it lives
+        # Storage key -> its index and the storage, held weakly to see when it dies.
+        self.ids: dict[int, tuple[int, weakref.ref[Any]]] = {}
         self.storage_bytes: dict[int, int] = {}
         self.stack: list[ModuleProfile] = []
         self.occurrences: Counter[tuple[int, str]] = Counter()  # (record, operator) calls
@@ -83,15 +83,16 @@ class _Recorder(TorchDispatchMode):
         if key in self.state_names:
             return None
         storage = tensor.untyped_storage()
-        known = self.alive.get(key)
+        known = self.ids.get(key)
         # A storage's address is reused once it is freed (the real-forward profile keeps
         # nothing), and a tensor no operator returned (a wrapped scalar) may land there:
         # it is a new storage, or the numbering would follow the allocator.
-        if new or known is None or known() is not storage:
-            index = self.ids[key] = len(self.storage_bytes)
-            self.storage_bytes[index] = storage.nbytes()
-            self.alive[key] = weakref.ref(storage)
-        return self.ids[key]
+        if not new and known is not None and known[1]() is storage:
+            return known[0]
+        index = len(self.storage_bytes)
+        self.storage_bytes[index] = storage.nbytes()
+        self.ids[key] = (index, weakref.ref(storage))
+        return index
 
     def ref(self, tensor: torch.Tensor) -> Ref | None:
         """Where ``tensor`` came from: a parameter or buffer by name, else its storage."""

@@ -20,8 +20,6 @@ TESTS = Path(__file__).resolve().parents[1]
 DOUBLES = TESTS / "doubles"
 PLUGINS_SITE = TESTS / "data" / "plugins_site"
 
-_RULE = re.compile(r"conformance rule ([a-z0-9-]+) \(")
-
 
 @pytest.fixture
 def user_dir(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
