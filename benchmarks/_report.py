@@ -20,7 +20,7 @@ def machine() -> dict[str, Any]:
 
     import accel
 
-    return {
+    facts: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
@@ -28,6 +28,10 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "accel": accel.__version__,
     }
+    # The card, where the benchmark used one (asking would otherwise initialise CUDA).
+    if torch.cuda.is_initialized():
+        facts["gpu"] = torch.cuda.get_device_name()
+    return facts
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

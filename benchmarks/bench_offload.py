@@ -682,6 +682,11 @@ def compare_fairscale(
     except ImportError as exc:
         return None, {"result": "not installed", "error": str(exc)}
     device = backend.device()
+    if device.type != "cuda":
+        # fairscale 0.4.13's OffloadModel raises TypeError for any device but CUDA.
+        return None, {
+            "result": f"not run: fairscale's OffloadModel runs on CUDA only, not {device}"
+        }
 
     def build() -> nn.Module:
         return FairscaleOffload(

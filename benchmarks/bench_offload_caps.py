@@ -14,6 +14,10 @@
   ``cudaEventSynchronize`` (the allocator's retries). ``--trace PATH`` keeps the
   Chrome trace.
 
+``PYTORCH_CUDA_ALLOC_CONF`` is recorded; with ``expandable_segments:True`` the results
+file is named ``offload-caps-expandable-...`` (the allocator's own answer to
+fragmentation, for comparison).
+
 Usage: python benchmarks/bench_offload_caps.py [--caps 3,6,20] [--steps 3] [--trace PATH]
 """
 
@@ -23,6 +27,7 @@ import argparse
 import copy
 import gc
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -216,10 +221,13 @@ def main() -> None:
         ("host call", "ms", "calls"),
         [(name, f"{row['ms']:.1f}", row["calls"]) for name, row in host.items()],
     )
+    allocator = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     path = write_results(
-        "offload-caps",
+        "offload-caps"
+        + ("-expandable" if allocator and "expandable_segments:True" in allocator else ""),
         backend.name,
         {
+            "allocator_config": allocator,
             "model": {
                 "blocks": args.blocks,
                 "width": args.width,

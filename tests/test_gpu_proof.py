@@ -527,6 +527,19 @@ def test_bench_budget_difference_is_relative_to_each_tensor() -> None:
     assert bench_budget.GPU_TOLERANCE < 1e-3  # such a gap is not exact anywhere
 
 
+def test_bench_budget_difference_floors_a_gradient_that_is_zero_but_for_rounding() -> None:
+    import bench_budget
+
+    # A key projection's bias: zero by the mathematics, 1e-11 by rounding, beside a
+    # gradient near 1. Another run's rounding (twice as large) is no error.
+    reference = (torch.tensor(2.0), [torch.tensor([1.0, -1.3]), torch.tensor([1e-11, 0.0])])
+    noise = (torch.tensor(2.0), [torch.tensor([1.0, -1.3]), torch.tensor([-1e-11, 0.0])])
+    assert bench_budget.difference(noise, reference) < bench_budget.GPU_TOLERANCE
+    # Nor does the floor hide a real error in such a gradient.
+    wrong = (torch.tensor(2.0), [torch.tensor([1.0, -1.3]), torch.tensor([0.01, 0.0])])
+    assert bench_budget.difference(wrong, reference) > 1e-3
+
+
 # torch 2.15 warns when saved-tensor hooks (the benchmark's activation meter) are active
 # around torch's own selective checkpoint, which the benchmark's operator-rule rows run.
 @pytest.mark.filterwarnings("ignore:A saved_tensors_hooks context:FutureWarning")

@@ -5,6 +5,10 @@
 returns what each rank printed on its last line starting with ``TAG `` (JSON). It
 retries once (the free port can be taken between the probe and the rendezvous) and
 fails the test with both attempts' output otherwise, within one deadline.
+
+A worker prints its line after a last barrier and leaves with ``os._exit(0)``, without
+``destroy_process_group``: torch.distributed's teardown can hang once the rank that hosts
+the store has left (pytorch/pytorch#75097; a torch 2.4.1 rank did so in CI).
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ def _attempt(
         for process in processes:
             if process.poll() is None:
                 process.kill()
-                process.wait()
+            process.communicate()  # closes its pipes: none is left for the collector
     return (None if problems else results), "\n".join(problems)
 
 

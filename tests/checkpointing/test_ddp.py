@@ -104,8 +104,8 @@ WORKER = textwrap.dedent(
         params_ok = close(candidate[1], reference[1])
         results[name] = "equal" if grads_ok and params_ok else "different"
     dist.barrier()
-    dist.destroy_process_group()
     print("RESULTS " + json.dumps(results), flush=True)
+    os._exit(0)  # without torch.distributed's teardown: see tests/two_ranks.py
     """
 )
 
