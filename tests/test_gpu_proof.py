@@ -7,6 +7,7 @@ only in ``bash benchmarks/gpu_proof.sh`` on a CUDA machine; CI runs its ``--dry-
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import json
 import os
@@ -261,6 +262,49 @@ def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
     )
     # The full step: the same host optimizer for every wrapper, timed apart.
     assert set(payload["median_optimizer_s"]) >= {"offload.OffloadModel", "fairscale OffloadModel"}
+
+
+def test_bench_offload_times_fsdp2_under_a_raised_cap_when_it_runs_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # FSDP2 does not fit the 3 GiB cap on the GPU model: it is timed again under the
+    # raised cap, the record says so, and our cap is back in force afterwards.
+    import _offload_peers
+    import bench_offload
+    from torch import nn
+
+    from backends.cpu import CpuBackend
+
+    caps: list[int] = []
+    built: list[int] = []
+    monkeypatch.setattr(bench_offload, "limit_device_memory", lambda b, cap: caps.append(cap))
+
+    def build(reference: nn.Module, device: torch.device, **options: Any) -> nn.Module:
+        built.append(caps[-1])
+        if caps[-1] < 2 * caps[0]:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 256 MiB")
+        return copy.deepcopy(reference)
+
+    monkeypatch.setattr(_offload_peers, "build_fsdp2", build)
+    args = bench_offload.parse_args(
+        ["--budget-gib", str(2**-20), "--steps", "1", "--fairscale-retry-gib", str(2**-19)]
+    )
+    reference = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    times, record = bench_offload.compare_fsdp2(CpuBackend(), reference, torch.randn(2, 4), args)
+
+    assert times is not None and built == [1024, 2048]
+    assert [a["outcome"] for a in record["attempts"]] == ["out of memory", "timed"]
+    assert "Tried to allocate" in record["attempts"][0]["error"]
+    assert (
+        record["result"]
+        == "out of memory under the 9.53674e-07 GiB cap; timed under 1.90735e-06 GiB"
+    )
+    assert caps[-1] == 1024  # the budget again, for the peers after it
+
+    # Out of memory under every cap: no times, and the result names the caps tried.
+    monkeypatch.setattr(bench_offload, "limit_device_memory", lambda b, cap: caps.append(1))
+    times, record = bench_offload.compare_fsdp2(CpuBackend(), reference, torch.randn(2, 4), args)
+    assert times is None and record["result"].startswith("out of memory under every cap tried")
 
 
 def test_copy_floor_is_the_loads_on_their_own_copy_engine() -> None:
