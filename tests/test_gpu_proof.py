@@ -319,6 +319,7 @@ def test_copy_floor_is_the_loads_on_their_own_copy_engine() -> None:
     assert bench_offload.copy_floor(100, 200.0, 10.0)["floor_s"] == 10.0
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_the_summary_with_a_reason_for_every_missing_figure(
     tmp_path: Path,
 ) -> None:

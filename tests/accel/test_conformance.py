@@ -15,6 +15,10 @@ from typing import Any
 
 import pytest
 
+# Each test here starts processes or whole pytest sessions: deselected by default (see
+# [tool.pytest.ini_options]).
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 600.0  # a hang guard, generous for a loaded 2-core CI machine
 TESTS = Path(__file__).resolve().parents[1]
 DOUBLES = TESTS / "doubles"

@@ -11,6 +11,10 @@ from typing import Any
 
 import pytest
 
+# Each test here starts processes or whole pytest sessions: deselected by default (see
+# [tool.pytest.ini_options]).
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize(
     ("backend", "broken_rule", "failing_tests"),

@@ -15,6 +15,7 @@ from accel._demo_train import quiet_child
 TINY = ["--steps", "3", "--layers", "2", "--width", "32", "--heads", "2", "--sequence", "16"]
 
 
+@pytest.mark.slow
 def test_demo_trains_four_ways_and_gradients_match(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="--plot needs the 'demo' extra (matplotlib)")
     plot = tmp_path / "demo.png"

@@ -806,6 +806,7 @@ def test_fully_shard_is_torchs_fsdp2() -> None:
     pytest.fail("this torch has no FSDP2 fully_shard at either location")
 
 
+@pytest.mark.slow
 def test_torchrun_init_process_group(ddp_results: list[dict[str, Any]]) -> None:
     for rank, results in enumerate(ddp_results):
         setup = results["setup"]
@@ -832,6 +833,7 @@ def test_torchrun_init_process_group(ddp_results: list[dict[str, Any]]) -> None:
 GRAD_TOLERANCE = {"rtol": 0.0, "atol": 1e-6}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["reentrant", "non_reentrant"])
 def test_ddp_with_checkpoint_matches_one_process(
     ddp_results: list[dict[str, Any]], variant: str
@@ -858,6 +860,7 @@ LOSS_TOLERANCE = {"rtol": 0.0, "atol": 1e-5}
 PARAM_TOLERANCE = {"rtol": 0.0, "atol": 1e-5}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["reentrant", "non_reentrant"])
 def test_fsdp2_with_checkpoint_matches_one_process(
     fsdp_results: list[dict[str, Any]], variant: str
@@ -885,6 +888,7 @@ def engine_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, A
     return torchrun("engine_ddp.py", tmp_path_factory.mktemp("engine"))
 
 
+@pytest.mark.slow
 def test_engine_all_reduces_only_at_accumulation_boundaries(
     engine_results: list[dict[str, Any]],
 ) -> None:
@@ -892,6 +896,7 @@ def test_engine_all_reduces_only_at_accumulation_boundaries(
         assert results["reduces"] == [0, 0, 1, 0, 0, 1]
 
 
+@pytest.mark.slow
 def test_engine_under_ddp_matches_one_process(engine_results: list[dict[str, Any]]) -> None:
     for results in engine_results:
         for distributed, alone in zip(results["distributed"], results["alone"], strict=True):

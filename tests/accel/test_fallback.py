@@ -83,6 +83,7 @@ def test_no_backend_left_raises_naming_what_failed(
     assert isinstance(info.value.__cause__, BackendUnavailableError)
 
 
+@pytest.mark.slow
 def test_cli_says_what_happened(fallback_site: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL")}
     env["PYTHONPATH"] = os.pathsep.join([str(fallback_site), env.get("PYTHONPATH", "")])

@@ -359,6 +359,7 @@ def test_unknown_backend_in_a_marker_is_a_usage_error(isolated: pytest.Pytester)
 _PLUGINS_SITE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "plugins_site")
 
 
+@pytest.mark.slow
 def test_a_broken_plugin_does_not_break_a_session_with_warnings_as_errors(
     isolated: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

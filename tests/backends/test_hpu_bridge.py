@@ -241,6 +241,7 @@ _AUTOLOAD_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not hasattr(torch, "_import_device_backends"),
     reason="torch.backends entry points are loaded at import since torch 2.5 only",

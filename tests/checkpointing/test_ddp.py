@@ -24,6 +24,10 @@ from typing import Any
 import pytest
 from accel_two_ranks import run_two_ranks  # loaded by tests/conftest.py
 
+# Each test here starts processes or whole pytest sessions: deselected by default (see
+# [tool.pytest.ini_options]).
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 600  # for the whole fixture, retry included (a loaded 2-core CI machine)
 REPO = Path(__file__).resolve().parents[2]
 

@@ -141,6 +141,7 @@ RANK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_two_ranks_one_under_a_perturbed_clock_plan_alike(tmp_path: Path) -> None:
     family = "gpt2" if zoo.unusable("gpt2") is None else "custom"
     plans = run_two_ranks(RANK, tmp_path, 300, env={"FAMILY": family, "ACCEL": "cpu"}, tag="PLANS")

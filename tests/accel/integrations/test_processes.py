@@ -24,6 +24,10 @@ from typing import Any
 import pytest
 import torch
 
+# Each test here starts processes or whole pytest sessions: deselected by default (see
+# [tool.pytest.ini_options]).
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("lightning", reason="Lightning is not installed (pip install '.[lightning]')")
 
 REPO = Path(__file__).resolve().parents[3]
@@ -208,6 +212,7 @@ def test_install_after_deepspeed_set_up_communication_warns(
 # aborts the process now and then (docs/deepspeed-zero3.md says when).
 REPORT = """
 import os, sys
+
 ds = sys.modules.get("deepspeed")
 name = type(ds.get_accelerator()).__name__ if ds else "none"
 os.write(1, f"rank {os.environ['RANK']} done, deepspeed accelerator: {name}\\n".encode())
