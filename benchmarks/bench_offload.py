@@ -588,63 +588,49 @@ def compare_fsdp2(
     device = backend.device()
     record: dict[str, Any] = {"units": "one per block, each block checkpointed; the whole batch"}
     smoke = bool(getattr(args, "smoke", False))
+
+    def set_cap(gib: float) -> None:
+        if not smoke:  # the host has no device memory to cap
+            limit_device_memory(backend, int(gib * 2**30))
+
+    def build() -> nn.Module:
+        try:
+            model = build_fsdp2(reference, device)
+            record["pin_memory"] = True
+        except RuntimeError as exc:
+            if PIN_REFUSAL not in str(exc) or backend.device_type == "cuda":
+                raise
+            # The host without an accelerator: torch cannot pin. Same code, unpinned.
+            record["pinned_refusal"] = first_line(exc)
+            model = build_fsdp2(reference, device, pin_memory=False)
+            record["pin_memory"] = False
+        return model
+
+    def time_steps(model: nn.Module) -> dict[str, list[float]]:
+        backend.reset_peak_memory_stats()
+        before = allocator_retries(backend)
+        times = train(backend, model, x.to(device), args.steps)
+        after = allocator_retries(backend)
+        record["peak_device_bytes"] = backend.max_memory_allocated()
+        if before is not None and after is not None:
+            record["allocator_retries"] = after - before
+        return times
+
     caps = [args.budget_gib] + ([args.fairscale_retry_gib] if args.fairscale_retry_gib else [])
-    attempts: list[dict[str, Any]] = []
-    times: dict[str, list[float]] | None = None
-    model: nn.Module | None = None
     try:
-        for cap in caps:
-            if not smoke:
-                limit_device_memory(backend, int(cap * 2**30))
-            try:
-                with single_process_group(device.type):
-                    try:
-                        model = build_fsdp2(reference, device)
-                        record["pin_memory"] = True
-                    except RuntimeError as exc:
-                        if PIN_REFUSAL not in str(exc) or backend.device_type == "cuda":
-                            raise
-                        # The host without an accelerator: torch cannot pin. Same code,
-                        # unpinned.
-                        record["pinned_refusal"] = first_line(exc)
-                        model = build_fsdp2(reference, device, pin_memory=False)
-                        record["pin_memory"] = False
-                    backend.reset_peak_memory_stats()
-                    before = allocator_retries(backend)
-                    times = train(backend, model, x.to(device), args.steps)
-                    after = allocator_retries(backend)
-                    record["peak_device_bytes"] = backend.max_memory_allocated()
-                    if before is not None and after is not None:
-                        record["allocator_retries"] = after - before
-            except OUT_OF_MEMORY as exc:
-                attempts.append(
-                    {"cap_gib": cap, "outcome": "out of memory", "error": first_line(exc)}
-                )
-                continue
-            finally:
-                model = None
-                release_memory(backend)
-            attempts.append({"cap_gib": cap, "outcome": "timed"})
-            break
+        with single_process_group(device.type):
+            times, outcome = time_under_caps(
+                caps, build, time_steps, set_cap, lambda: release_memory(backend)
+            )
     except Exception as exc:  # a peer's failure is a result, never the run's end
         record["result"] = f"failed: {first_line(exc)}"
+        release_memory(backend)
         return None, record
     finally:
-        if not smoke:
-            limit_device_memory(backend, int(args.budget_gib * 2**30))
-    record["attempts"] = attempts
-    if times is None:
-        tried = ", ".join(f"{cap:g}" for cap in caps)
-        record["result"] = f"out of memory under every cap tried ({tried} GiB)"
-        record["error"] = attempts[-1].get("error", "")
-        return None, record
-    timed = "timed" if record["pin_memory"] else "timed with unpinned shards"
-    cap = attempts[-1]["cap_gib"]
-    record["result"] = (
-        timed
-        if cap == caps[0]
-        else f"out of memory under the {caps[0]:g} GiB cap; {timed} under {cap:g} GiB"
-    )
+        set_cap(args.budget_gib)  # the budget again, for the peers after it
+    record.update(outcome)
+    if times is not None and not record["pin_memory"]:
+        record["result"] = record["result"].replace("timed", "timed with unpinned shards")
     return times, record
 
 
