@@ -317,22 +317,20 @@ def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torc
     was = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     try:
-        try:
-            # Strict first: only then does CUDA's memory-efficient attention take its
-            # deterministic backward (warn-only keeps the atomic one, as torch warns).
-            torch.use_deterministic_algorithms(True)
+        # Strict first: only then does CUDA's memory-efficient attention take its
+        # deterministic backward (warn-only keeps the atomic one, as torch warns). Warn-only
+        # where an operator has no deterministic kernel on this device.
+        for warn_only in (False, True):
+            torch.use_deterministic_algorithms(True, warn_only=warn_only)
             torch.manual_seed(7)
-            loss = case.loss(model)
-            torch.autograd.backward(loss)
-        except RuntimeError as error:
-            if "deterministic" not in str(error):
-                raise
-            # An operator with no deterministic kernel on this device: as close as it gets.
-            model.zero_grad(set_to_none=True)
-            torch.use_deterministic_algorithms(True, warn_only=True)
-            torch.manual_seed(7)
-            loss = case.loss(model)
-            torch.autograd.backward(loss)
+            try:
+                loss = case.loss(model)
+                torch.autograd.backward(loss)
+                break
+            except RuntimeError as error:
+                if warn_only or "deterministic" not in str(error):
+                    raise
+                model.zero_grad(set_to_none=True)
     finally:
         torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
     grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]

@@ -209,6 +209,17 @@ def limit_device_memory(backend: Accelerator, budget: int) -> None:
         raise SystemExit(f"no memory cap known for {backend.device_type!r}; add one here")
 
 
+def cap_memory(backend: Accelerator, args: argparse.Namespace, gib: float) -> None:
+    """Cap device memory at ``gib`` GiB; a smoke run on the host has nothing to cap."""
+    if not getattr(args, "smoke", False):
+        limit_device_memory(backend, int(gib * 2**30))
+
+
+def peer_caps(args: argparse.Namespace) -> list[float]:
+    """The caps a peer is tried under: the budget, then the raised cap if one is set."""
+    return [args.budget_gib] + ([args.fairscale_retry_gib] if args.fairscale_retry_gib else [])
+
+
 def allocator_retries(backend: Accelerator) -> int | None:
     """How often the allocator had to free its cache and retry (vendor-specific).
 
@@ -346,11 +357,7 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         baseline = None
         release_memory(backend)  # and the pinned bandwidth buffer, cached by torch
 
-    def set_cap(gib: float) -> None:
-        if not smoke:  # the host has no device memory to cap
-            limit_device_memory(backend, int(gib * 2**30))
-
-    set_cap(args.budget_gib)
+    cap_memory(backend, args, args.budget_gib)
 
     # Ours first: a peer may run out of memory under the cap, and must not take our
     # figures with it.
@@ -587,11 +594,6 @@ def compare_fsdp2(
 
     device = backend.device()
     record: dict[str, Any] = {"units": "one per block, each block checkpointed; the whole batch"}
-    smoke = bool(getattr(args, "smoke", False))
-
-    def set_cap(gib: float) -> None:
-        if not smoke:  # the host has no device memory to cap
-            limit_device_memory(backend, int(gib * 2**30))
 
     def build() -> nn.Module:
         try:
@@ -616,18 +618,21 @@ def compare_fsdp2(
             record["allocator_retries"] = after - before
         return times
 
-    caps = [args.budget_gib] + ([args.fairscale_retry_gib] if args.fairscale_retry_gib else [])
     try:
         with single_process_group(device.type):
             times, outcome = time_under_caps(
-                caps, build, time_steps, set_cap, lambda: release_memory(backend)
+                peer_caps(args),
+                build,
+                time_steps,
+                lambda gib: cap_memory(backend, args, gib),
+                lambda: release_memory(backend),
             )
     except Exception as exc:  # a peer's failure is a result, never the run's end
         record["result"] = f"failed: {first_line(exc)}"
         release_memory(backend)
         return None, record
     finally:
-        set_cap(args.budget_gib)  # the budget again, for the peers after it
+        cap_memory(backend, args, args.budget_gib)  # the budget again, for the next peer
     record.update(outcome)
     if times is not None and not record["pin_memory"]:
         record["result"] = record["result"].replace("timed", "timed with unpinned shards")
@@ -714,14 +719,12 @@ def compare_fairscale(
     def time_steps(theirs: nn.Module) -> dict[str, list[float]]:
         return train(backend, theirs, x.to(device), args.steps)
 
-    caps = [args.budget_gib] + ([args.fairscale_retry_gib] if args.fairscale_retry_gib else [])
-    smoke = bool(getattr(args, "smoke", False))
     try:
         return time_under_caps(
-            caps,
+            peer_caps(args),
             build,
             time_steps,
-            lambda cap: None if smoke else limit_device_memory(backend, int(cap * 2**30)),
+            lambda gib: cap_memory(backend, args, gib),
             lambda: release_memory(backend),
         )
     except TypeError as exc:
