@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from offload import _transfer
+from offload._core import transfer
 
 
 def _load_helper(name: str) -> None:
@@ -27,7 +27,7 @@ _load_helper("_offload_streamed")
 
 
 def _always_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
+    monkeypatch.setattr(transfer, "copies_needed", lambda device, home: True)
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from torch import nn
 
 import accel
 from offload import OffloadModel, offload_parameters
-from offload._swap import SwapData
-from offload._transfer import Transfers
+from offload._core.transfer import Transfers
+from offload._params.swap import SwapData
 
 pytestmark = pytest.mark.usefixtures("copies")
 
@@ -88,7 +88,7 @@ WRAPPERS: dict[str, Callable[[StreamedCpu, bool, str], nn.Module]] = {
 
 def transfers_of(model: nn.Module) -> Transfers:
     if isinstance(model, OffloadModel):
-        return model._config.transfers
+        return model._strategy.config.transfers
     from offload import ParameterOffload
 
     handle = ParameterOffload.of(model)

@@ -1,7 +1,7 @@
-"""``offload_parameters`` where parameters reach the device as copies (:mod:`offload._copies`).
+"""``offload_parameters`` where parameters reach the device as copies (:mod:`offload._core.copies`).
 
 A module's forward pre-hook loads its parameters (device copies through
-:class:`offload._copies.Load`) and puts the copies in their places; its forward
+:class:`offload._core.copies.Load`) and puts the copies in their places; its forward
 post-hook, which runs even when forward raises, puts back what was there. Nested units
 (a module and its children) therefore see their own copies and hand the outer ones
 back. Parameters of no chosen module are loaded by the root's hooks, for the whole
@@ -23,10 +23,10 @@ from torch import nn
 
 from accel import Accelerator
 
-from ._copies import Slots, load, slots_of, substituted, unique
-from ._errors import OffloadStateError
-from ._hooks import strong_hook, weak_hook
-from ._state import State
+from .._core.copies import Slots, load, slots_of, substituted, unique
+from .._errors import OffloadStateError
+from .._state import State
+from .hooks import strong_hook, weak_hook
 
 __all__ = ["CopyParameters"]
 

@@ -4,7 +4,7 @@ For a device whose tensors can take a host tensor's place (CUDA, Gaudi, the host
 parameter's ``.data`` is pointed at its device copy while its module runs.
 
 * the root's forward pre-hook starts a step (bringing back anything a failed step left
-  behind) and enters :class:`offload._saved.SavedTensors`, so that dropping a unit
+  behind) and enters :class:`offload._params.saved.SavedTensors`, so that dropping a unit
   really frees its device memory while the user's own saved-tensor hooks keep working;
 * a module's forward pre-hook loads its unit and the groups of shared parameters it
   uses (unless prefetched), prefetches the next ``prefetch`` units in execution order,
@@ -37,12 +37,12 @@ from torch.utils.hooks import RemovableHandle
 from accel import Accelerator
 from checkpointing import is_recomputing
 
-from ._errors import OffloadStateError
-from ._hooks import strong_hook, weak_hook
-from ._saved import Alias, SavedTensors
-from ._state import State
-from ._transfer import Transfers
-from ._units import Mover, Order, Unit, output_tensors, restored
+from .._core.transfer import Transfers
+from .._errors import OffloadStateError
+from .._state import State
+from .hooks import strong_hook, weak_hook
+from .saved import Alias, SavedTensors
+from .units import Mover, Order, Unit, output_tensors, restored
 
 __all__ = ["SwapData"]
 
@@ -51,7 +51,7 @@ class SwapData:
     """Offloads by swapping each parameter's ``.data`` between host and device memory.
 
     The strategy behind :class:`offload.ParameterOffload` on devices that allow it (see
-    :func:`offload._copies.swaps_data`); the handle forwards its public surface here.
+    :func:`offload._core.copies.swaps_data`); the handle forwards its public surface here.
 
     Args:
         module: The model.

@@ -20,9 +20,9 @@ from torch import nn
 
 from accel import _compat
 
-from ._state import StateMachine
-from ._storage import SliceStorage
-from ._transfer import Transfers, dense_stride
+from .._core.storage import SliceStorage
+from .._core.transfer import Transfers, dense_stride
+from .._state import StateMachine
 
 __all__ = ["Mover", "Order", "Unit", "output_tensors", "restored"]
 

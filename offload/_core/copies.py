@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._errors import OffloadConfigError
+from .._errors import OffloadConfigError
 
 __all__ = [
     "Load",

@@ -1,7 +1,7 @@
 """One forward through the slices of an :class:`offload.OffloadModel`, and its backward.
 
-Each slice runs inside an autograd Function, :class:`offload._run.SliceFunction`
-(which imports this module; this one imports only :mod:`offload._config`). Its
+Each slice runs inside an autograd Function, :class:`offload._model.run.SliceFunction`
+(which imports this module; this one imports only :mod:`offload._model.config`). Its
 forward loads
 the slice (prefetching the next one), computes every micro-batch, and drops the slice;
 its backward loads the slice again (prefetching the previous one, and the previous
@@ -31,11 +31,11 @@ import torch
 
 from checkpointing import checkpoint
 
-from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
-from ._config import Config, Pass
-from ._errors import OffloadError
-from ._state import State
-from ._transfer import dense_stride, placeholder
+from .._core.transfer import dense_stride, placeholder
+from .._errors import OffloadError
+from .._state import State
+from .boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
+from .config import Config, Pass
 
 __all__ = ["SliceRun"]
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from ._host_grads import HostGradients
-from ._storage import SliceStorage
-from ._transfer import Transfers
+from .._core.host_grads import HostGradients
+from .._core.storage import SliceStorage
+from .._core.transfer import Transfers
 
 __all__ = ["Residency"]
 

@@ -32,7 +32,7 @@ import torch
 import accel
 from accel import Accelerator, AccelError
 
-from ._errors import OffloadConfigError
+from .._errors import OffloadConfigError
 
 __all__ = [
     "HostPool",
