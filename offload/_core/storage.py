@@ -22,7 +22,7 @@ from torch import nn
 
 from .transfer import Transfers, dense_stride
 
-__all__ = ["SliceStorage", "pack_in_blocks"]
+__all__ = ["FlatLayout", "SliceStorage", "lay_out", "pack_in_blocks"]
 
 # Offsets inside a flat buffer are rounded up to this many bytes, the alignment torch's
 # allocators give a fresh tensor, so kernels see the alignment they would see anyway.
@@ -50,7 +50,7 @@ def _span(size: torch.Size, stride: tuple[int, ...]) -> int:
 
 
 @dataclass
-class _Flat:
+class FlatLayout:
     """The entries of one dtype and the flat host tensor holding them."""
 
     dtype: torch.dtype
@@ -65,6 +65,19 @@ class _Flat:
         stride = dense_stride(tensor)
         self.entries.append(_Entry(tensor, offset, tensor.shape, stride, is_parameter))
         self.numel = offset + (_span(tensor.shape, stride) if tensor.numel() else 0)
+
+
+def lay_out(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, FlatLayout]:
+    """Where each of ``tensors`` would go in a flat tensor of its dtype (nothing allocated).
+
+    Each is placed at an aligned offset with its dense strides, as in :class:`SliceStorage`.
+    """
+    flats: dict[torch.dtype, FlatLayout] = {}
+    for tensor in tensors:
+        flats.setdefault(tensor.dtype, FlatLayout(tensor.dtype)).add(tensor, is_parameter=True)
+    for flat in flats.values():
+        flat.buffers_start = flat.numel
+    return flats
 
 
 class SliceStorage:
@@ -104,7 +117,7 @@ class SliceStorage:
         self.layers = list(layers)
         self.parameters: list[nn.Parameter] = _unique(parameters)
         self.buffers: list[torch.Tensor] = _unique(buffers)
-        self.flats: dict[torch.dtype, _Flat] = {}
+        self.flats: dict[torch.dtype, FlatLayout] = {}
         #: Per dtype, (offset, block numel) of this storage's flat inside the block
         #: :func:`pack_in_blocks` placed it in; empty for a storage allocated alone.
         self.block: dict[torch.dtype, tuple[int, int]] = {}
@@ -128,7 +141,7 @@ class SliceStorage:
     def _lay_out(self) -> None:
         for is_parameter, tensors in ((True, self.parameters), (False, self.buffers)):
             for tensor in tensors:
-                flat = self.flats.setdefault(tensor.dtype, _Flat(tensor.dtype))
+                flat = self.flats.setdefault(tensor.dtype, FlatLayout(tensor.dtype))
                 flat.add(tensor, is_parameter)
         for flat in self.flats.values():
             parameter_ends = [

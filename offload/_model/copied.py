@@ -30,7 +30,8 @@ from checkpointing import is_recomputing
 from checkpointing._checkpoint import run_checkpoint
 
 from .._core import strategy
-from .._core.copies import Slots, load, slots_of, substituted, unique, write_back
+from .._core.copier import Copier, Group
+from .._core.copies import Slots, slots_of, substituted, unique, write_back
 from .._core.transfer import Transfers
 from .boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
 
@@ -69,8 +70,10 @@ class CopySlices:
             self._slices.append((f"slice {index} ({span})", chunk, slots_of(chunk)))
         self._backend = backend
         self._device = device
-        self._transfers = Transfers(backend) if backend.supports_streams else None
-        self._ahead: dict[int, tuple[list[torch.Tensor], Any]] = {}
+        self._copier = Copier(backend, device, Transfers(backend))
+        self._copier.reserve([t for _, _, slots in self._slices for t in unique(slots)])
+        self._prefetches = backend.supports_streams
+        self._ahead: dict[int, Group | None] = {}
         self._checkpoint = checkpoint_activation
         self._microbatches = num_microbatches
         self._batched = batched_kwargs
@@ -159,14 +162,14 @@ class CopySlices:
         name, layers, slots = self._slices[index]
         hosts = unique(slots)
         recomputing = is_recomputing()
-        ready = None if recomputing else self._take(index)
+        ready = None if recomputing else self._ahead.pop(index, None)
         if not recomputing:
             self._prefetch(index + 1)
-        loaded = load(self._device, hosts, ready)
+        loaded = self._copier.load(hosts, ready)
         copies = {id(host): copy for host, copy in zip(hosts, loaded, strict=True)}
         args, kwargs = unflatten(spec, tensors)
         returned_tuple = True
-        with substituted(slots, copies):
+        with substituted(slots, copies), self._copier.sink.intercepting():
             for layer in layers:
                 out = layer(*args, **kwargs)
                 returned_tuple = isinstance(out, tuple)
@@ -179,26 +182,5 @@ class CopySlices:
 
     def _prefetch(self, index: int) -> None:
         """Copy slice ``index``'s tensors to the device on the copy stream, ahead of use."""
-        transfers = self._transfers
-        if transfers is None or index >= len(self._slices) or index in self._ahead:
-            return
-        hosts = unique(self._slices[index][2])
-        with torch.no_grad(), transfers.on_copy_stream():
-            copies = [
-                host.to(self._device, non_blocking=transfers.non_blocking, copy=True)
-                for host in hosts
-            ]
-        self._ahead[index] = (copies, transfers.copy_event())
-
-    def _take(self, index: int) -> list[torch.Tensor] | None:
-        """Slice ``index``'s prefetched copies, ordered before the compute stream's work."""
-        found = self._ahead.pop(index, None)
-        if found is None or self._transfers is None:
-            return None
-        copies, copied = found
-        self._transfers.compute_waits(copied)
-        compute = self._backend.current_stream()
-        for copy in copies:
-            # Allocated on the copy stream, used (and freed) on the compute stream.
-            self._transfers.used_by(copy, compute)
-        return copies
+        if self._prefetches and index < len(self._slices) and index not in self._ahead:
+            self._ahead[index] = self._copier.ahead(unique(self._slices[index][2]))

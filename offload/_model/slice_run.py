@@ -24,6 +24,7 @@ holds no memory until backward copies the values back).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,10 +182,12 @@ class SliceRun:
     def _run_layers(self, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Spec]:
         args, kwargs = unflatten(self.spec, tensors)
         returned_tuple = True
-        for layer in self.storage.layers:
-            out = layer(*args, **kwargs)
-            returned_tuple = isinstance(out, tuple)
-            args = out if returned_tuple else (out,)
+        sink = self.config.sink
+        with sink.intercepting() if sink is not None else nullcontext():
+            for layer in self.storage.layers:
+                out = layer(*args, **kwargs)
+                returned_tuple = isinstance(out, tuple)
+                args = out if returned_tuple else (out,)
         self.returned_tuple = returned_tuple
         return flatten(args, {}, where=f"a value returned by {self.storage.name}")
 

@@ -37,6 +37,7 @@ from torch.utils.hooks import RemovableHandle
 from accel import Accelerator
 from checkpointing import is_recomputing
 
+from .._core.grads import GradientSink
 from .._core.transfer import Transfers
 from .._errors import OffloadStateError
 from .._state import State
@@ -88,6 +89,16 @@ class SwapData:
         self._origins = origins
         self._owner = {id(p): unit for unit in units for p in unit.storage.parameters}
         self._mover = Mover(units, transfers, device, prefetch=prefetch, copy=copy)
+        self._sink: GradientSink | None = None
+        if copy:
+            # Gradients go straight into the units' gradient memory (see Mover).
+            self._sink = GradientSink()
+            parameters = [p for unit in units for p in unit.storage.parameters]
+            self._sink.reserve(parameters)
+            for parameter in parameters:
+                if parameter.requires_grad:
+                    target = self._mover.destinations.target(id(parameter))
+                    self._sink.track(parameter, target)
         self._saved = SavedTensors(device, self._mover.storage_owner, self._alias_view)
         self._forward_order = Order()
         self._backward_order = Order()
@@ -197,19 +208,17 @@ class SwapData:
         for unit in self._units:
             if not unit.attached:
                 self._mover.drop(unit)
-        backward = False
         if output is not None and torch.is_grad_enabled():
             for tensor in output_tensors(output):
                 if tensor.requires_grad:
-                    backward = True
                     tensor.register_hook(weak_hook(self, "_root_pre_backward"))
-        if not backward:
-            self._mover.clear_spare()  # no backward to reuse it: the step ends here
 
     def _pre_forward(self, module: nn.Module, args: Any, unit: Unit) -> None:
         if self._copy:
             unit.cache_states.append(torch.is_autocast_cache_enabled())
             torch.set_autocast_cache_enabled(False)
+        if self._sink is not None:
+            self._sink.enter()
         for used in (unit, *unit.groups):
             self._use(used)
 
@@ -234,6 +243,8 @@ class SwapData:
     def _post_forward(self, module: nn.Module, args: Any, output: Any, unit: Unit) -> None:
         if unit.cache_states:
             torch.set_autocast_cache_enabled(unit.cache_states.pop())
+        if self._sink is not None:
+            self._sink.exit()
         for used in (*reversed(unit.groups), unit):
             self._release(used, output)
 
@@ -291,6 +302,7 @@ class SwapData:
                 "forward (read other modules' outputs, not their parameters), then call "
                 "recover()."
             )
+        self._mover.add_held(unit, parameter)
         self._mover.grad_to_host(unit, parameter)
         unit.fired.add(id(parameter))
         if unit.fired >= unit.trainable:
@@ -307,7 +319,6 @@ class SwapData:
                 unit.machine.enter(State.IDLE, why="backward finished")
             self._mover.detach(unit)
             self._mover.drop(unit)
-        self._mover.clear_spare()
         self._mover.transfers.wait_host()
         if forward:
             for unit in self._units:
@@ -344,9 +355,10 @@ class SwapData:
             while unit.cache_states:
                 torch.set_autocast_cache_enabled(unit.cache_states.pop())
         self._saved.exit()
+        if self._sink is not None:
+            self._sink.reset()
         self._depth = 0
         self._callback_queued = False
-        self._mover.clear_spare()
         self._mover.transfers.wait_host()
 
     def remove(self) -> None:
@@ -365,8 +377,8 @@ class SwapData:
                 f"offload: cannot remove the parameter offload while the model is in "
                 f"{self.state.name}; call remove() between steps (or recover() first)."
             )
-        self._mover.clear_spare()
         self._mover.transfers.wait_host()
+        self._mover.pool.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -24,6 +24,8 @@ def _load_helper(name: str) -> None:
 
 # Clock streams and the race detector, for tests/offload/test_offload_streams.py.
 _load_helper("_offload_streamed")
+# The allocation tracer, for tests/offload/test_offload_allocations.py.
+_load_helper("_offload_allocations")
 
 
 def _always_copy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,193 @@
+"""Backward writes gradients into fixed device memory: nothing parameter-sized is allocated.
+
+Both wrappers, both strategies: a dispatch-level tracer (``_offload_allocations.py``)
+records every tensor an operator creates on the device during the second step's
+backward, and none may be as large as a weight (the activations are kept far smaller).
+Gradients and loss are compared with the plain model on the same device: bit for bit
+with one micro-batch, within the offload tests' tolerance with four. The models have a
+tied weight (used by two slices or two modules) and a frozen layer.
+
+On the host the ``swap-data`` and ``copy-parameters`` strategies are both forced, copies
+included (host memory handed out as gradients is page-locked memory, left out of the
+count by ``HostMarkingCpu``). On a device each runs where the device allows it (openreg
+refuses the ``.data`` swap), and there the tracer also counts the live device bytes
+allocated during backward, the measure of a device without memory counters.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from _offload_allocations import Allocations, HostMarkingCpu
+from torch import nn
+
+from accel import Accelerator
+from checkpointing import checkpoint
+from offload import OffloadModel, offload_parameters
+from offload._core import strategy, transfer
+
+WIDTH = 64
+ROWS = 2  # an activation (ROWS x WIDTH) is a small fraction of a weight (WIDTH x WIDTH)
+STEPS = 3
+MICRO_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+@pytest.fixture(params=[strategy.SWAP_DATA, strategy.COPY_PARAMETERS])
+def backend(
+    request: pytest.FixtureRequest, accel_backend: Accelerator, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Accelerator]:
+    """The backend under test, offloading with the strategy in ``request.param``."""
+    wanted = request.param
+    if accel_backend.device_type == "cpu":
+        accel_backend = HostMarkingCpu()
+        monkeypatch.setattr(transfer, "copies_needed", lambda device, home: True)
+    native = strategy.choose(accel_backend.device())
+    if wanted == strategy.COPY_PARAMETERS and native != wanted:
+        monkeypatch.setattr(strategy, "choose", lambda device, home=None: wanted)
+    elif wanted != native:
+        pytest.skip(f"{accel_backend.name} cannot point a host tensor's .data at its memory")
+    yield accel_backend
+
+
+def _layers() -> nn.Sequential:
+    torch.manual_seed(0)
+    layers = nn.Sequential(
+        *[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()) for _ in range(5)],
+        nn.Linear(WIDTH, WIDTH),
+    )
+    layers[5].weight = layers[0][0].weight  # tied across slices
+    layers[2].requires_grad_(False)  # frozen
+    return layers
+
+
+class _Tied(nn.Module):
+    """Tied embedding and head, residual blocks (some checkpointed), a frozen block."""
+
+    def __init__(self, checkpointed: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.checkpointed = checkpointed
+        self.embed = nn.Embedding(40, WIDTH)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Linear(WIDTH, WIDTH))
+            for _ in range(3)
+        )
+        self.blocks[1].requires_grad_(False)
+        self.norm = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, 40, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(ids)
+        for block in self.blocks:
+            if self.checkpointed:
+                hidden = hidden + checkpoint(block, hidden, use_reentrant=False)
+            else:
+                hidden = hidden + block(hidden)
+        out: torch.Tensor = self.head(self.norm(hidden))
+        return out
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    """The smallest weight matrix's bytes: no allocation in backward may reach it."""
+    return min(p.numel() * p.element_size() for p in model.parameters() if p.dim() == 2)
+
+
+def _traced_backward(backend: Accelerator, loss: torch.Tensor) -> Allocations:
+    with Allocations(backend.device_type) as tracer:
+        loss.backward()
+    backend.synchronize()
+    return tracer
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor | None]:
+    return [None if p.grad is None else p.grad.detach().cpu() for p in model.parameters()]
+
+
+def _assert_equal_grads(
+    got: list[torch.Tensor | None], expected: list[torch.Tensor | None], **tolerance: Any
+) -> None:
+    assert [g is None for g in got] == [g is None for g in expected]
+    pairs = [(a, b) for a, b in zip(got, expected, strict=True) if a is not None]
+    torch.testing.assert_close(
+        [a for a, _ in pairs], [b for _, b in pairs], **(tolerance or {"rtol": 0, "atol": 0})
+    )
+
+
+def _exact(backend: Accelerator) -> dict[str, float]:
+    """Bit for bit where the device runs the host's kernels (cpu, openreg)."""
+    return {"rtol": 0.0, "atol": 0.0} if backend.device_type in ("cpu", "openreg") else {}
+
+
+def _check_backward(
+    backend: Accelerator,
+    model: nn.Module,
+    plain: nn.Module,
+    inputs: torch.Tensor,
+    tolerance: dict[str, float],
+) -> Allocations:
+    """Two steps of both models; trace the second backward of ``model``; compare."""
+    device = backend.device()
+    loss: Callable[[nn.Module], torch.Tensor] = lambda m: m(inputs.to(device)).square().mean()
+    for step in range(STEPS):
+        for module in (model, plain):
+            module.zero_grad(set_to_none=True)
+        expected = loss(plain)
+        expected.backward()
+        got = loss(model)
+        if step < STEPS - 1:
+            got.backward()
+            continue
+        tracer = _traced_backward(backend, got)
+        torch.testing.assert_close(got.detach().cpu(), expected.detach().cpu(), **tolerance)
+        _assert_equal_grads(_grads(model), _grads(plain), **tolerance)
+    return tracer
+
+
+def _assert_none_parameter_sized(tracer: Allocations, model: nn.Module) -> None:
+    weight = _weight_bytes(model)
+    assert tracer.at_least(weight) == [], (
+        f"backward allocated {len(tracer.at_least(weight))} device tensors of a weight's "
+        f"size ({weight} bytes) or more: {tracer.ops(weight)}"
+    )
+    if tracer.device_type != "cpu":  # device memory apart from host memory: count it live
+        assert tracer.peak_live_bytes < weight, tracer.peak_live_bytes
+
+
+@pytest.mark.parametrize("num_microbatches", [1, 4])
+def test_offload_model_backward_allocates_nothing_parameter_sized(
+    backend: Accelerator, num_microbatches: int
+) -> None:
+    layers = _layers()
+    plain = copy.deepcopy(layers).to(backend.device())
+    plain[5].weight = plain[0][0].weight
+    model = OffloadModel(
+        layers,
+        num_slices=3,
+        checkpoint_activation=True,
+        num_microbatches=num_microbatches,
+        backend=backend,
+    )
+    inputs = torch.randn(4 * ROWS if num_microbatches > 1 else ROWS, WIDTH)
+    tolerance = _exact(backend) if num_microbatches == 1 else MICRO_TOLERANCE
+    tracer = _check_backward(backend, model, plain, inputs, tolerance)
+    _assert_none_parameter_sized(tracer, model)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True], ids=["plain", "checkpointed"])
+def test_parameter_offload_backward_allocates_nothing_parameter_sized(
+    backend: Accelerator, checkpointed: bool
+) -> None:
+    model = _Tied(checkpointed)
+    plain = copy.deepcopy(model).to(backend.device())
+    plain.head.weight = plain.embed.weight
+    handle = offload_parameters(model, backend=backend)
+    assert handle.strategy_name == strategy.choose(backend.device())
+    ids = torch.randint(0, 40, (ROWS, 2), generator=torch.Generator().manual_seed(1))
+    tracer = _check_backward(backend, model, plain, ids, _exact(backend))
+    _assert_none_parameter_sized(tracer, model)
+    handle.remove()
