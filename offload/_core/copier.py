@@ -34,6 +34,7 @@ from accel import Accelerator
 
 from .copies import load
 from .grads import Destination, GradientSink, Target, standalone
+from .intercept import Interception
 from .pool import DevicePool
 from .storage import FlatLayout, lay_out
 from .transfer import Transfers, dense_stride
@@ -184,6 +185,7 @@ class Copier:
         self.lazy = bool(backend.is_lazy)
         self.pool = DevicePool(transfers, device)
         self.sink = GradientSink()
+        self.interception = Interception(self.sink)
         self._layouts: dict[tuple[int, ...], tuple[list[torch.Tensor], dict[Any, FlatLayout]]] = {}
 
     def reserve(self, tensors: Sequence[torch.Tensor]) -> None:

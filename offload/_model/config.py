@@ -16,7 +16,7 @@ import torch
 
 from accel import Accelerator
 
-from .._core.grads import GradientSink
+from .._core.intercept import Interception
 from .._core.storage import SliceStorage
 from .._core.transfer import HostPool, Transfers
 from .._state import StateMachine
@@ -51,8 +51,8 @@ class Config:
     copy: bool
     trainable_dummy: torch.Tensor
     frozen_dummy: torch.Tensor
-    #: Where backward writes the parameters' gradients (``None``: nothing is copied).
-    sink: GradientSink | None = None
+    #: The layers that write gradients in place (``None``: nothing is copied).
+    interception: Interception | None = None
 
 
 class Pass:

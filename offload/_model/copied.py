@@ -169,7 +169,7 @@ class CopySlices:
         copies = {id(host): copy for host, copy in zip(hosts, loaded, strict=True)}
         args, kwargs = unflatten(spec, tensors)
         returned_tuple = True
-        with substituted(slots, copies), self._copier.sink.intercepting():
+        with substituted(slots, copies), self._copier.interception.active():
             for layer in layers:
                 out = layer(*args, **kwargs)
                 returned_tuple = isinstance(out, tuple)

@@ -182,8 +182,8 @@ class SliceRun:
     def _run_layers(self, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Spec]:
         args, kwargs = unflatten(self.spec, tensors)
         returned_tuple = True
-        sink = self.config.sink
-        with sink.intercepting() if sink is not None else nullcontext():
+        interception = self.config.interception
+        with interception.active() if interception is not None else nullcontext():
             for layer in self.storage.layers:
                 out = layer(*args, **kwargs)
                 returned_tuple = isinstance(out, tuple)

@@ -19,6 +19,7 @@ from accel import Accelerator
 
 from .._core import strategy, transfer
 from .._core.grads import GradientSink
+from .._core.intercept import Interception
 from .._core.storage import SliceStorage
 from .._core.transfer import HostPool, Transfers
 from .._state import StateMachine
@@ -68,15 +69,12 @@ class SwapSlices:
         storages, shared = pack_slices(layers, runs, transfers, copy=copy)
         self.storages: list[SliceStorage] = storages
         self.residency = Residency(storages, transfers, device, copy=copy, shared=shared)
-        sink = None
-        if copy:
-            # Gradients go straight into the slice buffers' gradient memory.
-            sink = GradientSink()
-            parameters = [p for s in [*storages, *(s for s, _ in shared)] for p in s.parameters]
-            sink.reserve(parameters)
-            for parameter in parameters:
-                if parameter.requires_grad:
-                    sink.track(parameter, self.residency.destinations.target(id(parameter)))
+        interception = None
+        if copy:  # gradients go straight into the slice buffers' gradient memory
+            every = [*storages, *(storage for storage, _ in shared)]
+            parameters = [p for storage in every for p in storage.parameters]
+            sink = GradientSink.of_parameters(parameters, self.residency.destinations)
+            interception = Interception(sink)
         self.config = Config(
             backend=backend,
             device=device,
@@ -91,7 +89,7 @@ class SwapSlices:
             copy=copy,
             trainable_dummy=torch.empty(0, requires_grad=True),
             frozen_dummy=torch.empty(0),
-            sink=sink,
+            interception=interception,
         )
 
     @property

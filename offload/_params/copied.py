@@ -167,7 +167,7 @@ class CopyParameters:
         stack.enter_context(
             substituted(unit.slots, dict(zip(map(id, unit.hosts), copies, strict=True)))
         )
-        stack.enter_context(self._copier.sink.intercepting())
+        stack.enter_context(self._copier.interception.active())
         unit.active.append(stack)
 
     def _unload(self, unit: _CopiedUnit) -> None:
@@ -208,7 +208,7 @@ class CopyParameters:
         for unit in [*self._units, self._rest]:
             while unit.active:
                 self._unload(unit)
-        self._copier.sink.reset()
+        self._copier.interception.reset()
         self._depth = 0
 
     def remove(self) -> None:

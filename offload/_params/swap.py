@@ -38,6 +38,7 @@ from accel import Accelerator
 from checkpointing import is_recomputing
 
 from .._core.grads import GradientSink
+from .._core.intercept import Interception
 from .._core.transfer import Transfers
 from .._errors import OffloadStateError
 from .._state import State
@@ -89,16 +90,11 @@ class SwapData:
         self._origins = origins
         self._owner = {id(p): unit for unit in units for p in unit.storage.parameters}
         self._mover = Mover(units, transfers, device, prefetch=prefetch, copy=copy)
-        self._sink: GradientSink | None = None
-        if copy:
-            # Gradients go straight into the units' gradient memory (see Mover).
-            self._sink = GradientSink()
+        self._interception: Interception | None = None
+        if copy:  # gradients go straight into the units' gradient memory (see Mover)
             parameters = [p for unit in units for p in unit.storage.parameters]
-            self._sink.reserve(parameters)
-            for parameter in parameters:
-                if parameter.requires_grad:
-                    target = self._mover.destinations.target(id(parameter))
-                    self._sink.track(parameter, target)
+            sink = GradientSink.of_parameters(parameters, self._mover.destinations)
+            self._interception = Interception(sink)
         self._saved = SavedTensors(device, self._mover.storage_owner, self._alias_view)
         self._forward_order = Order()
         self._backward_order = Order()
@@ -217,8 +213,8 @@ class SwapData:
         if self._copy:
             unit.cache_states.append(torch.is_autocast_cache_enabled())
             torch.set_autocast_cache_enabled(False)
-        if self._sink is not None:
-            self._sink.enter()
+        if self._interception is not None:
+            self._interception.enter()
         for used in (unit, *unit.groups):
             self._use(used)
 
@@ -243,8 +239,8 @@ class SwapData:
     def _post_forward(self, module: nn.Module, args: Any, output: Any, unit: Unit) -> None:
         if unit.cache_states:
             torch.set_autocast_cache_enabled(unit.cache_states.pop())
-        if self._sink is not None:
-            self._sink.exit()
+        if self._interception is not None:
+            self._interception.exit()
         for used in (*reversed(unit.groups), unit):
             self._release(used, output)
 
@@ -355,8 +351,8 @@ class SwapData:
             while unit.cache_states:
                 torch.set_autocast_cache_enabled(unit.cache_states.pop())
         self._saved.exit()
-        if self._sink is not None:
-            self._sink.reset()
+        if self._interception is not None:
+            self._interception.reset()
         self._depth = 0
         self._callback_queued = False
         self._mover.transfers.wait_host()

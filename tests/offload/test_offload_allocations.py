@@ -17,7 +17,7 @@ allocated during backward, the measure of a device without memory counters.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -132,7 +132,11 @@ def _check_backward(
 ) -> Allocations:
     """Two steps of both models; trace the second backward of ``model``; compare."""
     device = backend.device()
-    loss: Callable[[nn.Module], torch.Tensor] = lambda m: m(inputs.to(device)).square().mean()
+
+    def loss(module: nn.Module) -> torch.Tensor:
+        out: torch.Tensor = module(inputs.to(device))
+        return out.square().mean()
+
     for step in range(STEPS):
         for module in (model, plain):
             module.zero_grad(set_to_none=True)
