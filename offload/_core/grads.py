@@ -46,6 +46,8 @@ class Destination:
 
     tensor: torch.Tensor
     empty_at: int | None = field(default=None)
+    #: The version the last write left (see :meth:`GradientSink.write`).
+    handed_at: int | None = field(default=None)
 
     @classmethod
     def empty(cls, tensor: torch.Tensor) -> Destination:
@@ -118,6 +120,8 @@ class GradientSink:
     """
 
     def __init__(self) -> None:
+        # Asked now, never inside a backward (the probe runs a backward of its own).
+        self._hooks_without_gradient = _compat.post_accumulate_hooks_run_without_gradient()
         self._targets: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._largest: dict[torch.dtype, int] = {}
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
@@ -158,18 +162,32 @@ class GradientSink:
 
     # Writing ----------------------------------------------------------------------------
 
-    def write(self, destination: Destination, kernel: Callable[[torch.Tensor], object]) -> None:
+    def write(
+        self, destination: Destination, kernel: Callable[[torch.Tensor], object], like: Like
+    ) -> torch.Tensor | None:
         """Put what ``kernel(out)`` computes into ``out`` into ``destination``.
 
         Straight in when the destination is empty; otherwise into the scratch memory,
         then added in place.
+
+        Returns:
+            What backward hands autograd for the tensor ``like`` describes: nothing, or
+            for a leaf where a release runs its hooks only on a gradient, zeros that take
+            no memory (once per ``AccumulateGrad`` run: while they wait in autograd's
+            buffer, the destination's version stays where this call left it).
         """
+        before = destination.tensor._version
         if destination.is_empty:
             kernel(destination.tensor)
-            return
-        scratch = self._scratch_like(destination.tensor)
-        kernel(scratch)
-        destination.tensor.add_(scratch)
+        else:
+            scratch = self._scratch_like(destination.tensor)
+            kernel(scratch)
+            destination.tensor.add_(scratch)
+        waiting = destination.handed_at == before
+        destination.handed_at = destination.tensor._version
+        if not like.leaf or self._hooks_without_gradient or waiting:
+            return None
+        return expanded_zeros(like.shape, like.dtype, like.device)
 
     def _scratch_like(self, tensor: torch.Tensor) -> torch.Tensor:
         key = (tensor.dtype, tensor.device)
@@ -179,13 +197,6 @@ class GradientSink:
             flat = torch.empty(numel, dtype=tensor.dtype, device=tensor.device)
             self._scratch[key] = flat
         return flat[: tensor.numel()].view(tensor.shape)
-
-    @staticmethod
-    def handed_on(like: Like) -> torch.Tensor | None:
-        """What backward returns for a gradient it wrote into ``like``'s destination."""
-        if like.leaf and not _compat.post_accumulate_hooks_run_without_gradient():
-            return expanded_zeros(like.shape, like.dtype, like.device)
-        return None
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
-from .grads import GradientSink, Like, Target
+from .grads import Destination, GradientSink, Like, Target
 
 __all__ = ["Interception"]
 
@@ -156,6 +157,17 @@ class _Intercept(TorchFunctionMode):
         return _Embedding.apply(self.sink, target, input, weight, padding_idx)
 
 
+def _destination(target: Target | None) -> Destination | None:
+    """Where to write, or ``None`` to hand the gradient to autograd as usual.
+
+    Only a backward that accumulates into ``.grad`` (``loss.backward()``) writes in place;
+    ``torch.autograd.grad`` and ``backward(inputs=...)`` want the gradients themselves.
+    """
+    if target is None or not torch.autograd._is_checkpoint_valid():
+        return None
+    return target.destination()
+
+
 class _Linear(torch.autograd.Function):
     """``F.linear``, whose backward writes the weight and bias gradients in place."""
 
@@ -176,6 +188,7 @@ class _Linear(torch.autograd.Function):
         return F.linear(input, weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         input, weight = ctx.saved_tensors
         sink: GradientSink = ctx.sink
@@ -185,19 +198,21 @@ class _Linear(torch.autograd.Function):
             grad_input = rows.mm(weight).view(input.shape)
         if ctx.needs_input_grad[4]:
             flat = input.reshape(-1, input.shape[-1])
-            destination = ctx.target.destination()
+            destination = _destination(ctx.target)
             if destination is None:
                 grad_weight = rows.t().mm(flat)
             else:
-                sink.write(destination, lambda out: torch.mm(rows.t(), flat, out=out))
-                grad_weight = sink.handed_on(ctx.like)
+                grad_weight = sink.write(
+                    destination, lambda out: torch.mm(rows.t(), flat, out=out), ctx.like
+                )
         if ctx.needs_input_grad[5]:
-            destination = None if ctx.bias_target is None else ctx.bias_target.destination()
+            destination = _destination(ctx.bias_target)
             if destination is None:
                 grad_bias = rows.sum(0)
             else:
-                sink.write(destination, lambda out: torch.sum(rows, 0, out=out))
-                grad_bias = sink.handed_on(ctx.bias_like)
+                grad_bias = sink.write(
+                    destination, lambda out: torch.sum(rows, 0, out=out), ctx.bias_like
+                )
         return None, None, None, grad_input, grad_weight, grad_bias
 
 
@@ -222,10 +237,11 @@ class _Embedding(torch.autograd.Function):
         return output
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         (input,) = ctx.saved_tensors
         sink: GradientSink = ctx.sink
-        destination = ctx.target.destination()
+        destination = _destination(ctx.target)
         if destination is None:
             return (
                 None,
@@ -239,5 +255,7 @@ class _Embedding(torch.autograd.Function):
         if ctx.padding >= 0:
             keep = indices != ctx.padding
             indices, rows = indices[keep], rows[keep]
-        sink.write(destination, lambda out: out.zero_().index_add_(0, indices, rows))
-        return None, None, None, sink.handed_on(ctx.like), None
+        handed = sink.write(
+            destination, lambda out: out.zero_().index_add_(0, indices, rows), ctx.like
+        )
+        return None, None, None, handed, None
