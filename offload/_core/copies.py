@@ -5,14 +5,17 @@ while it computes. torch allows that only between tensor types that can share a 
 copy; a device whose tensors are of another type (a lazy-tensor runtime's) refuses it
 with "incompatible tensor type". :func:`swaps_data` asks torch which case a device is.
 
-Where it is refused, the parameters stay host tensors and reach the device through
-:class:`Load`, an autograd Function: its forward copies the host tensors to the device
-and its backward sends their gradients back in one transfer per dtype. The layers
-compute with the copies (substituted for the parameters, see :func:`substituted`), and
-autograd accumulates the host gradients into the parameters' ``.grad`` as for any
-leaf: tied weights, gradient accumulation and ``register_post_accumulate_grad_hook``
-behave as without offload. Buffers are copied in (no gradient) and written back after
-the forward that updated them (:func:`write_back`).
+Where it is refused, the parameters stay host tensors and reach the device through an
+autograd Function whose forward copies the host tensors to the device and whose backward
+hands their gradients to the host tensors. The layers compute with the copies
+(substituted for the parameters, see :func:`substituted`), and autograd accumulates the
+host gradients into the parameters' ``.grad`` as for any leaf: tied weights, gradient
+accumulation and ``register_post_accumulate_grad_hook`` behave as without offload.
+Buffers are copied in (no gradient) and written back after the forward that updated them
+(:func:`write_back`). On a device that allocates eagerly the copies live in memory kept
+from step to step (:mod:`offload._core.copier`); on a lazy device they are made by
+:func:`load` (:class:`Load`'s backward sends the gradients home in one transfer per
+dtype).
 
 A copy a forward saves for its backward stays on the device until that backward; a
 checkpointed forward saves none, and its recomputation copies the parameters again.

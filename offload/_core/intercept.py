@@ -117,6 +117,7 @@ class _Intercept(TorchFunctionMode):
             target is None
             or not weight.requires_grad
             or not _plain(input, weight, bias)
+            or not weight.is_floating_point()  # a complex one's gradient is conjugated
             or weight.dim() != 2
             or not weight.is_contiguous()
             or input.dim() < 2

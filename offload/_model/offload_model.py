@@ -2,11 +2,10 @@
 
 The model is split into slices balanced by parameter bytes. The slices live in pinned
 host memory and come to the device one at a time, in forward and again in backward,
-the next one loading on a copy stream while the current one computes (see
-:mod:`offload._model.residency` for the double buffering, :mod:`offload._model.run` and
-:mod:`offload._model.slice_run` for the per-slice autograd Function). Gradients are copied back
-to the host as each slice's backward ends, so an optimizer over the host parameters
-can step right after ``backward`` returns.
+the next one loading on a copy stream while the current one computes; how, is one of
+two strategies (:mod:`offload._model.strategies`). Gradients are copied back to the host
+as each slice's backward ends, so an optimizer over the host parameters can step right
+after ``backward`` returns.
 """
 
 from __future__ import annotations
@@ -108,10 +107,14 @@ class OffloadModel(nn.Module):
             backend cannot use, a non-host ``offload_device``, a bad ``backend`` or
             ``batched_kwargs``.
 
-    On a device whose tensors cannot take a host tensor's place (a lazy-tensor runtime's),
-    the slices load their parameters as differentiable copies instead of double buffers (see
-    :mod:`offload._core.copies`); ``resident_slices`` and ``max_resident_slices`` then count
-    nothing, and the model must be built on the host.
+    How slices reach the device is :attr:`strategy_name`: ``"swap-data"`` (the double
+    buffers above) or, on a device whose tensors cannot take a host tensor's place (a
+    lazy-tensor runtime's, a PrivateUse1 device's), ``"copy-parameters"``: the slices
+    load their parameters as differentiable copies (see :mod:`offload._core.copies`);
+    ``resident_slices`` and ``max_resident_slices`` then count nothing, and the model
+    must be built on the host. Either way the linear and embedding layers write their
+    weights' gradients straight into device memory kept from step to step
+    (:mod:`offload._core.grads`).
 
     Limitations: backward is ``loss.backward()`` (or :meth:`offload.Engine.backward`),
     not ``torch.autograd.grad``; one backward per forward; a slice's first layer must

@@ -6,7 +6,9 @@ two slices are therefore in device memory at any time, loading slice ``i + 1`` o
 with computing slice ``i``, and tensors that autograd saved from slice ``i``'s
 parameters are valid again whenever slice ``i`` is loaded for its backward. A buffer is
 refilled only after the compute stream is done with its previous slice (an event), and
-compute uses a slice only after its copy finished (another event).
+compute uses a slice only after its copy finished (another event). While a slice is
+attached for backward its gradients' places in the buffer are open in
+:attr:`Residency.destinations`, where the layers write them (:mod:`offload._core.grads`).
 
 Tensors used by several slices (tied weights) are packed once, in a shared storage with
 a device buffer of its own: it is loaded and attached together with every slice that

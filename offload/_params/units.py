@@ -3,10 +3,11 @@
 A *unit* is a submodule whose own parameters are packed into host memory, or a *group*:
 parameters shared by several units (tied weights), packed on their own and loaded
 whenever any module that uses them runs. :class:`Mover` loads a unit's parameters (and,
-for backward, its host gradients) on the copy stream, points the parameters at the
-device copies, and back; gradients go to the host as they are accumulated, into the
-tensor the user already holds when there is one (as autograd accumulates in place), else
-into a new one, so a gradient handed out is never rewritten by a later step.
+for backward, its host gradients) on the copy stream into device memory from a pool kept
+across steps, points the parameters at the device copies, and back; gradients go to the
+host as they are accumulated, into the tensor the user already holds when there is one
+(as autograd accumulates in place), else into a new one, so a gradient handed out is
+never rewritten by a later step.
 """
 
 from __future__ import annotations
