@@ -109,7 +109,7 @@ class _Keyed:
 
 
 class GradientSink:
-    """The destinations of one wrapper's gradients, and the layers that write into them.
+    """Where one wrapper's gradients go, and how they are written there.
 
     A tracked tensor that is a leaf (a parameter whose ``.data`` was swapped) must have
     its destination as its ``.grad``: after writing there, backward hands the leaf no
