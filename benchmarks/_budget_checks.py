@@ -49,6 +49,8 @@ DOMINANCE_MARGIN = 0.03
 RULES = ("torch selective", "torchtitan op rule")
 #: The suffix of a variant timed a second time, for the noise.
 AGAIN = " again"
+#: So that ratios exactly ``margin`` apart (1.09 - 1.06 in floats) do not count as more.
+_ROUNDING = 1e-9
 
 
 def at_memory(rule: str) -> str:
@@ -129,7 +131,7 @@ def dominance(
             }
             for name, plan in plans.items()
             if mine["bytes_ratio"] <= plan["bytes_ratio"]
-            and plan["time_ratio"] - mine["time_ratio"] > margin
+            and plan["time_ratio"] - mine["time_ratio"] > margin + _ROUNDING
         ]
         at = rows.get(at_memory(rule))
         found[rule] = {

@@ -277,6 +277,7 @@ def variant(
                 "label": c.label,
                 "estimated_bytes_ratio": c.estimated_bytes / plan.plain_bytes,
                 "estimated_seconds": c.estimated_seconds,
+                "weighed_seconds": c.weighed_seconds,
                 "fits": c.fits,
                 "taken": c.taken,
             }
