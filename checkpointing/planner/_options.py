@@ -79,9 +79,9 @@ def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
 
     A selective option's recompute time is the module's forward time, less the own
     time of the operators it keeps (torchtitan's rule keeps the class's outputs but
-    every second ``mm``'s, and recomputes those), plus what its policy costs per operator call and
-    per kept call; a saved-tensor option's is its recipes' and packs' time plus its
-    hooks' per saved tensor (the rates' ``policy_*`` and ``hook_seconds``).
+    every second ``mm``'s, and recomputes those), plus what its policy costs per
+    operator call and per kept call; a saved-tensor option's is its recipes' and packs'
+    time plus its hooks' per saved tensor (the rates' ``policy_*`` and ``hook_seconds``).
     """
     record = profile.modules[name]
     rates = profile.rates
