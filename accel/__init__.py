@@ -30,9 +30,11 @@ from ._errors import (
     ProtocolViolationError,
 )
 from ._hookspecs import hookimpl
-from ._optional import copy_engines, recompute_barrier
+from ._optional import attention_kernel, copy_engines, recompute_barrier
 from ._protocol import (
+    ATTENTION_KERNELS,
     Accelerator,
+    AttentionKernel,
     CopyEngines,
     Event,
     RecomputeBarrier,
@@ -54,9 +56,11 @@ from ._spec import Availability, BackendSpec
 from ._version import __version__ as __version__
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "AccelError",
     "AccelTypeError",
     "Accelerator",
+    "AttentionKernel",
     "Availability",
     "BackendConflictError",
     "BackendFallbackWarning",
@@ -78,6 +82,7 @@ __all__ = [
     "RecomputeBarrier",
     "Selection",
     "Stream",
+    "attention_kernel",
     "copy_engines",
     "get_backend",
     "hookimpl",

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "Accelerator",
+    "AttentionKernel",
     "CopyEngines",
     "Event",
     "RecomputeBarrier",
@@ -93,9 +95,11 @@ class Accelerator(Protocol):
 
     Optional members (:func:`optional_members`) may be left out: accel supplies a
     default for a backend that does not define them, so adding one never makes an
-    existing plugin incomplete. Today there are two: ``recompute_barrier``
-    (:class:`RecomputeBarrier`; default :func:`accel.recompute_barrier`) and
-    ``copy_engines`` (:class:`CopyEngines`; default :func:`accel.copy_engines`).
+    existing plugin incomplete. Today there are three: ``recompute_barrier``
+    (:class:`RecomputeBarrier`; default :func:`accel.recompute_barrier`),
+    ``copy_engines`` (:class:`CopyEngines`; default :func:`accel.copy_engines`) and
+    ``attention_kernel`` (:class:`AttentionKernel`; default
+    :func:`accel.attention_kernel`).
     """
 
     # Identity -----------------------------------------------------------------------
@@ -340,6 +344,52 @@ class CopyEngines(Protocol):
         """
 
 
+#: The names :meth:`AttentionKernel.attention_kernel` answers with: torch's
+#: ``torch.nn.attention.SDPBackend`` members, lower-cased.
+ATTENTION_KERNELS = (
+    "math",
+    "flash_attention",
+    "efficient_attention",
+    "cudnn_attention",
+    "overrideable",
+)
+
+
+@runtime_checkable
+class AttentionKernel(Protocol):
+    """The optional member that says which attention kernel the device runs for a call.
+
+    What ``scaled_dot_product_attention`` keeps for backward depends on the kernel: the
+    math path keeps the attention probabilities (batch x heads x query x key, twice with
+    dropout), the fused kernels keep their inputs, output and a log-sum-exp. The
+    checkpointing planner profiles on fake tensors, where torch may choose otherwise than
+    the device would (for instance when the device's rules cannot be asked where the
+    planning runs), so it asks the backend.
+    """
+
+    def attention_kernel(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        enable_gqa: bool = False,
+    ) -> str | None:
+        """Name the kernel the device runs for this call, or ``None`` to let torch choose.
+
+        The arguments are those of ``torch.nn.functional.scaled_dot_product_attention``;
+        the tensors may be fake or meta tensors, so only their shapes, strides, dtypes,
+        ``requires_grad`` and device may be read, never their values. The answer is one
+        of :data:`ATTENTION_KERNELS` (what the device would run for tensors of these
+        properties on its own device) or ``None``: torch's dispatcher picks the kernel
+        for the tensors as given, which is right wherever that choice depends on the
+        tensors alone. Never initialises the device. Without the member, accel answers
+        ``None``.
+        """
+
+
 def protocol_members() -> tuple[str, ...]:
     """Return the names every :class:`Accelerator` must provide, sorted."""
     return _PROTOCOL_MEMBERS
@@ -351,7 +401,13 @@ def _declared_members(protocol: type) -> tuple[str, ...]:
 
 _PROTOCOL_MEMBERS = _declared_members(Accelerator)
 _OPTIONAL_MEMBERS = tuple(
-    sorted({*_declared_members(RecomputeBarrier), *_declared_members(CopyEngines)})
+    sorted(
+        {
+            *_declared_members(RecomputeBarrier),
+            *_declared_members(CopyEngines),
+            *_declared_members(AttentionKernel),
+        }
+    )
 )
 
 
