@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import nn
 
@@ -31,15 +31,29 @@ from ._records import module_name
 from ._signature import check_inputs
 from ._stopwatch import Sizes, best_times
 
-if TYPE_CHECKING:
-    from ._plan import CheckpointPlan
-
 __all__ = ["TOLERANCE", "TIMED_ROUNDS", "PlanMeasurement", "measure_plan"]
 
 #: How far over its budget a step may hold, as a fraction of the plain step's bytes.
 TOLERANCE = 0.02
 #: Timed rounds of each step (after one untimed round); the medians are compared.
 TIMED_ROUNDS = 3
+
+
+class _Plan(Protocol):
+    """What this module reads of a :class:`CheckpointPlan` (which imports this module)."""
+
+    @property
+    def decisions(self) -> dict[str, str]: ...
+    @property
+    def inputs(self) -> tuple[str, ...]: ...
+    @property
+    def plain_bytes(self) -> int: ...
+    @property
+    def estimated_bytes(self) -> int: ...
+    @property
+    def budget_bytes(self) -> int: ...
+    @property
+    def estimated_step_time_ratio(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,7 @@ def _mib(count: int) -> str:
 
 
 def measure_plan(
-    plan: CheckpointPlan,
+    plan: _Plan,
     model: nn.Module,
     example_inputs: Any,
     *,
@@ -171,7 +185,7 @@ def measure_plan(
     return report
 
 
-def _require_applied(plan: CheckpointPlan, model: nn.Module) -> None:
+def _require_applied(plan: _Plan, model: nn.Module) -> None:
     """Raise ``ValueError`` unless every module call the plan decides is wrapped in ``model``."""
     for name in plan.decisions:
         module = module_name(name)
@@ -210,7 +224,7 @@ def _step(model: nn.Module, example_inputs: Any, backend: Accelerator) -> None:
 
 
 @contextmanager
-def _plain(plan: CheckpointPlan, model: nn.Module) -> Iterator[None]:
+def _plain(plan: _Plan, model: nn.Module) -> Iterator[None]:
     """``model`` without the plan's wrappers while inside (put back on the way out)."""
     undo: list[tuple[Any, str, Any]] = []  # (object, attribute, value) to set back
     try:
