@@ -344,8 +344,6 @@ class CopyEngines(Protocol):
         """
 
 
-#: The names :meth:`AttentionKernel.attention_kernel` answers with: torch's
-#: ``torch.nn.attention.SDPBackend`` members, lower-cased.
 ATTENTION_KERNELS = (
     "math",
     "flash_attention",
@@ -353,6 +351,12 @@ ATTENTION_KERNELS = (
     "cudnn_attention",
     "overrideable",
 )
+"""The kernel names :meth:`AttentionKernel.attention_kernel` answers with.
+
+torch's ``torch.nn.attention.SDPBackend`` members, lower-cased: the math path, flash
+attention, memory-efficient attention, cuDNN attention and a PrivateUse1 device's own
+("overrideable") kernel.
+"""
 
 
 @runtime_checkable
