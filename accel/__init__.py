@@ -30,18 +30,17 @@ from ._errors import (
     ProtocolViolationError,
 )
 from ._hookspecs import hookimpl
-from ._optional import attention_kernel, copy_engines, recompute_barrier
-from ._protocol import (
+from ._optional import (
     ATTENTION_KERNELS,
-    Accelerator,
     AttentionKernel,
     CopyEngines,
-    Event,
     RecomputeBarrier,
-    Stream,
+    attention_kernel,
+    copy_engines,
     optional_members,
-    protocol_members,
+    recompute_barrier,
 )
+from ._protocol import Accelerator, Event, Stream, protocol_members
 from ._resolve import resolve_backend
 from ._select import (
     BackendInfo,
