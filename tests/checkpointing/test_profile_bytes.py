@@ -6,7 +6,8 @@ compared with what a real forward on the selected backend's device saves
 (:class:`checkpointing.SavedTensorMeter`, parameters and buffers excluded: the
 activation bytes ``benchmarks/bench_budget.py`` and ``test_zoo.py`` measure for the
 plain model), within 2%. Small models run on every backend (CI's XLA and openreg cells
-too); model families of the benchmark's zoo at their test size on the host.
+too); model families of the benchmark's zoo at their test size on the host. Last, a
+plan measured on the device (``plan.measure``) matches its estimate there.
 """
 
 from __future__ import annotations
@@ -171,3 +172,19 @@ def test_profiled_bytes_match_the_host_on_zoo_families(
         pytest.skip("the zoo's families are checked on the host (the cpu backend)")
     case = zoo.build(family)
     _assert_close(case.model, case.inputs, accel_backend)
+
+
+def test_a_plan_measured_on_the_device_matches_its_estimate(accel_backend: Accelerator) -> None:
+    # plan.measure, as a user runs it once on a new device: the step's activation bytes
+    # there within 2% of the plain bytes of the plan's estimate, and within the budget.
+    from checkpointing import plan_checkpointing
+
+    device = accel_backend.device()
+    model, inputs = _models(device)["gated"]
+    model.to(device).train()
+    inputs = tuple(tensor.to(device) for tensor in inputs)
+    plan = plan_checkpointing(model, inputs, 0.5, backend=accel_backend)
+    plan.apply(model, backend=accel_backend)
+    report = plan.measure(model, inputs, backend=accel_backend)
+    assert report.estimate_error <= TOLERANCE, report
+    assert not report.over_budget, report
