@@ -31,7 +31,7 @@ from ._records import module_name
 from ._signature import check_inputs
 from ._stopwatch import Sizes, best_times
 
-__all__ = ["TOLERANCE", "TIMED_ROUNDS", "PlanMeasurement", "measure_plan"]
+__all__ = ["TIMED_ROUNDS", "TOLERANCE", "PlanMeasurement", "measure_plan"]
 
 #: How far over its budget a step may hold, as a fraction of the plain step's bytes.
 TOLERANCE = 0.02
@@ -140,24 +140,24 @@ def measure_plan(
     if plan.inputs:
         check_inputs(plan.inputs, example_inputs)
     resolved = resolve_backend(backend)
-    device = accel.get_backend() if resolved is None else resolved
+    runner = accel.get_backend() if resolved is None else resolved
 
     def planned() -> None:
-        _step(model, example_inputs, device)
+        _step(model, example_inputs, runner)
 
     def plain() -> None:
         with _plain(plan, model):
-            _step(model, example_inputs, device)
+            _step(model, example_inputs, runner)
 
     step_seconds = plain_seconds = ratio = None
     measured_plain = None
-    with untouched(model, device):
-        held = _held(model, example_inputs, device)
+    with untouched(model, runner):
+        held = _held(model, example_inputs, runner)
         if timed:
             with _plain(plan, model):
-                measured_plain = _held(model, example_inputs, device)
+                measured_plain = _held(model, example_inputs, runner)
             plain_seconds, step_seconds = best_times(
-                [plain, planned], device, Sizes(rounds=TIMED_ROUNDS)
+                [plain, planned], runner, Sizes(rounds=TIMED_ROUNDS)
             )
             ratio = step_seconds / plain_seconds if plain_seconds > 0 else None
     report = PlanMeasurement(
@@ -170,15 +170,15 @@ def measure_plan(
         step_seconds=step_seconds,
         plain_step_seconds=plain_seconds,
         measured_plain_bytes=measured_plain,
-        backend=device.name,
+        backend=runner.name,
     )
     if report.over_budget:
         warnings.warn(
             f"checkpointing: the planned step held {_mib(held)} of activations on "
-            f"{device.name}, over its budget of {_mib(plan.budget_bytes)} by more than 2% of "
+            f"{runner.name}, over its budget of {_mib(plan.budget_bytes)} by more than 2% of "
             f"the plain step's {_mib(plan.plain_bytes)} (the plan estimated "
             f"{_mib(plan.estimated_bytes)}). Plan again with a smaller budget, or report the "
-            "model and device: the planner's profile misses what this device keeps.",
+            "model and runner: the planner's profile misses what this runner keeps.",
             UserWarning,
             stacklevel=3,
         )
