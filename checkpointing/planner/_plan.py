@@ -28,6 +28,7 @@ from .._saved_wrapper import SavedTensorWrapper
 from .._selective_wrapper import SelectiveCheckpointWrapper
 from .._wrapper import CheckpointWrapper, checkpoint_wrapper
 from ._cost import DeviceRates
+from ._measure_step import PlanMeasurement, measure_plan
 from ._records import module_name
 from ._signature import check_inputs, check_model
 from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan
@@ -210,6 +211,40 @@ class CheckpointPlan:
             else:
                 setattr(parent, leaf, self._wrapper(names[0], child, preserve_rng_state, backend))
         return list(self.decisions)
+
+    def measure(
+        self,
+        model: nn.Module,
+        example_inputs: Any,
+        *,
+        timed: bool = False,
+        backend: Accelerator | str | None = None,
+    ) -> PlanMeasurement:
+        """Run one training step of ``model`` under this plan and report what it held.
+
+        Run it once on a new device: the plan's figures come from fake tensors, this is
+        the device's own count (see :class:`PlanMeasurement`). ``model`` is the model the
+        plan was applied to; one it was not applied to is refused. Parameters,
+        gradients, buffers and generator states are put back, also after an exception.
+        A step over the budget by more than 2% of the plain bytes warns with figures.
+
+        Args:
+            model: The model, with this plan applied (:meth:`apply`).
+            example_inputs: Inputs of a training step, shaped like the planned ones.
+            timed: Also time the step against the plain step (the wrappers taken off,
+                which holds the plain step's activations): one untimed round of each,
+                then three alternating timed rounds, medians compared. Off by default.
+            backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+
+        Returns:
+            The measured activation bytes beside the plan's estimate, budget and plain
+            bytes; with ``timed``, the step time ratio beside the estimated one.
+
+        Raises:
+            ValueError: If ``model`` or ``example_inputs`` differ from the planned ones,
+                or the plan was not applied to ``model``.
+        """
+        return measure_plan(self, model, example_inputs, timed=timed, backend=backend)
 
     def _target(self, model: nn.Module, module: str) -> tuple[nn.Module, str, nn.Module]:
         parent_name, _, leaf = module.rpartition(".")
