@@ -30,16 +30,17 @@ from ._errors import (
     ProtocolViolationError,
 )
 from ._hookspecs import hookimpl
-from ._optional import copy_engines, recompute_barrier
-from ._protocol import (
-    Accelerator,
+from ._optional import (
+    ATTENTION_KERNELS,
+    AttentionKernel,
     CopyEngines,
-    Event,
     RecomputeBarrier,
-    Stream,
+    attention_kernel,
+    copy_engines,
     optional_members,
-    protocol_members,
+    recompute_barrier,
 )
+from ._protocol import Accelerator, Event, Stream, protocol_members
 from ._resolve import resolve_backend
 from ._select import (
     BackendInfo,
@@ -54,9 +55,11 @@ from ._spec import Availability, BackendSpec
 from ._version import __version__ as __version__
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "AccelError",
     "AccelTypeError",
     "Accelerator",
+    "AttentionKernel",
     "Availability",
     "BackendConflictError",
     "BackendFallbackWarning",
@@ -78,6 +81,7 @@ __all__ = [
     "RecomputeBarrier",
     "Selection",
     "Stream",
+    "attention_kernel",
     "copy_engines",
     "get_backend",
     "hookimpl",

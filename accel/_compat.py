@@ -23,6 +23,7 @@ __all__ = [
     "CHECKPOINT_TAKES_EARLY_STOP",
     "CHECKPOINT_TAKES_RESPECT_HOOKS",
     "DEVICE_BACKENDS_AUTOLOAD",
+    "EFFICIENT_ATTENTION_TAKES_GQA",
     "PRIVATEUSE1_DEFAULT_NAME",
     "REENTRANT_OPTIONS_MESSAGE",
     "SAVED_TENSORS_HOOKS_VISIBLE",
@@ -41,6 +42,7 @@ __all__ = [
     "selective_cache_allows_mutation",
     "selective_checkpoint_api",
     "selective_contexts",
+    "sdp_priority_order",
     "sole_owner",
     "torch_release",
 ]
@@ -382,6 +384,31 @@ def sole_owner(tensor: torch.Tensor) -> bool:
         return False
     storage = tensor.untyped_storage()
     return int(count(storage._cdata)) <= 2
+
+
+#: Whether CUDA's memory-efficient attention takes grouped-query attention
+#: (``enable_gqa=True`` with fewer key/value heads) and a single key/value head without
+#: it. 2.13's documentation of ``scaled_dot_product_attention`` says GQA works with flash
+#: attention and the math kernel only; 2.14.1's adds memory-efficient attention on NVIDIA
+#: GPUs (pytorch#191085). Before that, an fp32 GQA call runs the math path.
+EFFICIENT_ATTENTION_TAKES_GQA = torch_release() >= (2, 14)
+
+# torch.nn.attention.SDPBackend's values (0 math, 1 flash, 2 efficient, 3 cuDNN, 4
+# overrideable), the same in 2.4 to 2.15.
+_SDP_NAMES = ("math", "flash_attention", "efficient_attention", "cudnn_attention", "overrideable")
+
+
+def sdp_priority_order() -> tuple[str, ...]:
+    """The order in which torch tries the attention kernels, by name (lower-cased).
+
+    Read from ``torch._C._get_sdp_priority_order`` (present in 2.9.1 and 2.13); a release
+    without it used the fixed order flash, memory-efficient, math, cuDNN. On a GPU
+    torch may move cuDNN first on its first attention call (Hopper and Blackwell with a
+    recent cuDNN), which a host without the GPU cannot know.
+    """
+    read = getattr(torch._C, "_get_sdp_priority_order", None)
+    order = [int(value) for value in read()] if callable(read) else [1, 2, 0, 3]
+    return tuple(_SDP_NAMES[value] for value in order if 0 <= value < len(_SDP_NAMES))
 
 
 class _HandsOnNothing(torch.autograd.Function):

@@ -15,12 +15,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Accelerator",
-    "CopyEngines",
     "Event",
-    "RecomputeBarrier",
     "Stream",
+    "declared_members",
     "iter_missing_members",
-    "optional_members",
     "protocol_members",
 ]
 
@@ -93,9 +91,11 @@ class Accelerator(Protocol):
 
     Optional members (:func:`optional_members`) may be left out: accel supplies a
     default for a backend that does not define them, so adding one never makes an
-    existing plugin incomplete. Today there are two: ``recompute_barrier``
-    (:class:`RecomputeBarrier`; default :func:`accel.recompute_barrier`) and
-    ``copy_engines`` (:class:`CopyEngines`; default :func:`accel.copy_engines`).
+    existing plugin incomplete. Today there are three: ``recompute_barrier``
+    (:class:`RecomputeBarrier`; default :func:`accel.recompute_barrier`),
+    ``copy_engines`` (:class:`CopyEngines`; default :func:`accel.copy_engines`) and
+    ``attention_kernel`` (:class:`AttentionKernel`; default
+    :func:`accel.attention_kernel`).
     """
 
     # Identity -----------------------------------------------------------------------
@@ -294,70 +294,17 @@ class Accelerator(Protocol):
         """
 
 
-@runtime_checkable
-class RecomputeBarrier(Protocol):
-    """The optional member a lazy device defines to keep a recomputation a recomputation.
-
-    A device compiler that sees the checkpointed forward and its recomputation in one
-    graph may merge them (common-subexpression elimination), which keeps the forward's
-    activations alive and saves nothing (pytorch/xla#3455).
-    """
-
-    def recompute_barrier(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Fence ``tensors``, the inputs of a recomputation, from the forward that made them.
-
-        Called by ``checkpointing`` just before a recomputation reads ``tensors`` (the
-        checkpoint's inputs and, where known, the gradients arriving at it). Afterwards
-        work computed from ``tensors`` must not be merged with, or scheduled before, work
-        the graph did before this call. Values are unchanged; it may update the tensors
-        in place (XLA: one ``optimization_barrier_`` over all of them) and must not
-        record anything autograd sees. Eager devices need nothing. Without the member,
-        accel calls ``mark_step()`` (a flush is the barrier every lazy device has; on an
-        eager device it does nothing).
-        """
-
-
-@runtime_checkable
-class CopyEngines(Protocol):
-    """The optional member that says how many host-device copies can run at once.
-
-    Algorithms that move data both ways (``offload``: parameters to the device,
-    gradients back) put each direction on a stream of its own only where the two can
-    really overlap; on a device with one copy engine a second copy stream would only
-    queue behind the first.
-    """
-
-    @property
-    def copy_engines(self) -> int:
-        """How many copies between host and device memory can run at the same time.
-
-        ``0``: copies are not asynchronous (no streams; they run in order with the
-        rest). ``1``: one copy at a time, overlapping compute (one copy stream is
-        enough). ``2`` or more: a host-to-device and a device-to-host copy run at once
-        (separate copy engines), so each direction gets a stream of its own. Reading
-        it never initialises the device. Without the member, accel assumes ``1``
-        where :attr:`Accelerator.supports_streams` is true, else ``0``.
-        """
-
-
 def protocol_members() -> tuple[str, ...]:
     """Return the names every :class:`Accelerator` must provide, sorted."""
     return _PROTOCOL_MEMBERS
 
 
-def _declared_members(protocol: type) -> tuple[str, ...]:
+def declared_members(protocol: type) -> tuple[str, ...]:
+    """Return the public names ``protocol`` declares, sorted."""
     return tuple(sorted(name for name in vars(protocol) if not name.startswith("_")))
 
 
-_PROTOCOL_MEMBERS = _declared_members(Accelerator)
-_OPTIONAL_MEMBERS = tuple(
-    sorted({*_declared_members(RecomputeBarrier), *_declared_members(CopyEngines)})
-)
-
-
-def optional_members() -> tuple[str, ...]:
-    """Return the names a backend may leave out (accel supplies a default), sorted."""
-    return _OPTIONAL_MEMBERS
+_PROTOCOL_MEMBERS = declared_members(Accelerator)
 
 
 def iter_missing_members(obj: object) -> Iterator[str]:

@@ -22,6 +22,7 @@ import torch
 from accel import Availability, BackendSpec, hookimpl
 
 from ._common import visible_devices
+from ._cuda_attention import cuda_attention_kernel
 from ._torch_device import TorchDeviceBackend
 
 __all__ = ["CudaBackend", "accel_backends"]
@@ -39,6 +40,24 @@ class CudaBackend(TorchDeviceBackend):
 
     def __init__(self) -> None:
         super().__init__(torch.cuda)
+
+    def attention_kernel(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        enable_gqa: bool = False,
+    ) -> str | None:
+        """The attention kernel the GPU runs for this call (:class:`accel.AttentionKernel`).
+
+        ``None`` where the tensors are on a visible GPU (torch asks the GPU itself, fake
+        tensors included); elsewhere torch's rules for an NVIDIA data-centre GPU at this
+        torch release (:mod:`backends._cuda_attention`). Initialises nothing.
+        """
+        return cuda_attention_kernel(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
 
 
 def _probe() -> Availability:

@@ -30,6 +30,12 @@ train on the same data:
   have no biases); attention run with dropout on the CPU goes through the math path
   (``bmm``, softmax, dropout), whose ``bmm`` outputs are saved. On an older torch the
   variant is reported unavailable, with the reason;
+* ``plain again`` and ``budget 0.5 again``: a second copy of the plain model, and the
+  0.5 plan applied to a second copy, timed in the same rounds: the run's noise
+  (``_budget_checks.noise``);
+* ``plan at torch selective's memory``, ``plan at torchtitan op rule's memory``: the
+  planner at each fixed rule's measured memory (a fraction of plain's), timed in the
+  same rounds, for the dominance check below;
 * with ``--compile``: ``compiled``: ``torch.compile(plain)``; ``compiled, torch budget
   0.5``: the same compiled with ``torch._functorch.config.activation_memory_budget =
   0.5``; ``compiled, plan 0.5``: ``torch.compile`` of the model after our 0.5 plan.
@@ -46,11 +52,19 @@ Measures:
   the budget. Compiled variants: the storages the autograd graph of one forward saves,
   found by walking it (``graph_saved_bytes``: saved-tensor hooks do not see inside a
   compiled graph), over the same walk of the eager plain model;
-* step time: median over ``--steps`` rounds after ``--warmup``; each round runs one
-  step of every variant in a rotating order; ratios are medians of per-round ratios to
-  ``plain`` (eager). The table's ``measured`` column is this ratio; its ``estimate``
-  column, for the budget variants, is the plan's ``estimated_step_time_ratio`` (what
-  the planner expected before running it), and ``|est - meas|`` their difference;
+* the plain step's bytes as the planner's profile counts them beside the measured ones
+  (``plain_bytes``: ``profiled``, ``measured``, ``error`` as a fraction of measured;
+  the target is 0.02);
+* step time: median over the rounds after ``--warmup``; each round runs one step of
+  every variant in a rotating order; ratios are medians of per-round ratios to
+  ``plain`` (eager). At least ``--steps`` rounds, then more until plain against plain
+  and the 0.5 plan against itself agree within 0.03 (``_budget_checks.AGREEMENT``), or
+  ``--max-steps`` rounds. The larger of the two differences is the run's ``noise``,
+  reported beside every time figure (each row's ``noise``, the family's ``noise`` with
+  both pairs and the rounds taken): a time difference under it is not a finding. The
+  table's ``measured`` column is this ratio; its ``estimate`` column, for the budget
+  variants, is the plan's ``estimated_step_time_ratio`` (what the planner expected
+  before running it), and ``|est - meas|`` their difference;
 * exactness: loss and every gradient bit-equal to ``plain`` (eager variants, same
   dropout masks). On a backend other than the CPU a variant is also exact where its
   largest difference from ``plain`` (``grad_difference``: over the loss and every
@@ -63,6 +77,12 @@ Measures:
   variants report the largest gradient difference from ``compiled`` (the compiler's
   own numerics and random streams differ from eager).
 
+Dominance (``_budget_checks.dominance``): a fixed rule (``torch selective``,
+``torchtitan op rule``) dominates a plan when it keeps no more activation memory and
+its step is faster by more than 0.03; each family's ``dominance`` lists, per rule, the
+plan at its memory and every plan of the run it dominates, and the file's ``dominance``
+counts the dominated families (target: 0). A table of them is printed at the end.
+
 Targets (reported, not asserted): at budget 0.5, memory <= 0.5x (+2%), step time <=
 1.20x plain on every model and <= 1.15x on the transformer-shaped ones, and never
 slower than ``full``. After every family a summary line, and at the end a summary
@@ -71,8 +91,8 @@ estimated time ratios, ``|estimate - measured|``, and whether the time target, t
 budget (+2%) and exactness were met (``summary_at_half`` in the JSON).
 
 Usage: python benchmarks/bench_budget.py [--backend NAME] [--model NAME[,NAME...]|all]
-       [--size small|bench|gpu] [--warmup N] [--steps N] [--threads N] [--compile]
-       [--plot FILE.png]
+       [--size small|bench|gpu] [--warmup N] [--steps N] [--max-steps N] [--threads N]
+       [--compile] [--plot FILE.png] [--note TEXT]
 
 ``--size`` picks the zoo's shapes: ``bench`` (the default), ``small`` (the tests'), or
 ``gpu`` (wider and longer, for a CUDA run: ``gpt2``, ``llama``, ``qwen2``, ``vit``,
@@ -97,6 +117,16 @@ from typing import Any, cast
 
 import torch
 import torch.utils.checkpoint
+from _budget_checks import (
+    AGAIN,
+    RULES,
+    at_memory,
+    count_dominated,
+    dominance,
+    is_plan,
+    noise,
+    print_dominance,
+)
 from _report import print_table, write_results
 from _zoo import FAMILIES, SIZES, TRANSFORMERS, ZooModel, build, gpu_size, unusable
 from torch import nn
@@ -105,6 +135,7 @@ import accel
 from accel import Accelerator
 from accel._compat import selective_checkpoint_api
 from checkpointing import (
+    CheckpointPlan,
     apply_activation_checkpointing,
     plan_checkpointing,
 )
@@ -120,6 +151,8 @@ GPU_TOLERANCE = 1e-4
 SCALE_FLOOR = 1e-3
 TORCH_VARIANTS = ("torch per-block", "torch selective", "torchtitan op rule")
 COMPILED = ("compiled", "compiled, torch budget 0.5", "compiled, plan 0.5")
+#: The plan timed twice in each run, for the noise.
+REPEATED = "budget 0.5"
 
 
 class TorchCheckpoint(nn.Module):
@@ -212,25 +245,43 @@ def _wrap_blocks(model: nn.Module, case: ZooModel, context_fn: Callable[[], Any]
                 setattr(parent, name, TorchCheckpoint(child, context_fn))
 
 
-def variant(case: ZooModel, name: str, backend: Accelerator) -> tuple[nn.Module, dict[str, Any]]:
-    """A fresh copy of the model set up as ``name``, and facts about it (plan, timings)."""
+def variant(
+    case: ZooModel,
+    name: str,
+    backend: Accelerator,
+    *,
+    budget: float | None = None,
+    plan: CheckpointPlan | None = None,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """A fresh copy of the model set up as ``name``, and facts about it (plan, timings).
+
+    ``budget`` plans at that fraction (``plan at <rule>'s memory``); ``plan`` applies a
+    plan made before to this copy (``budget 0.5 again``); ``plain again`` is a copy.
+    Facts whose key starts with ``_`` stay out of the JSON (the plan itself).
+    """
     model = copy.deepcopy(case.model)
     facts: dict[str, Any] = {}
-    budget = name.split()[-1]
-    if name.startswith("budget") or name == "compiled, plan 0.5":
+    if plan is not None:
+        plan.apply(model, backend=backend)
+    elif name.startswith(("budget", "plan at ")) or name == "compiled, plan 0.5":
+        fraction = float(name.split()[-1]) if budget is None else budget
         started = time.perf_counter()
-        plan = plan_checkpointing(model, case.inputs, float(budget), backend=backend)
+        plan = plan_checkpointing(model, case.inputs, fraction, backend=backend)
         facts["planning_seconds"] = time.perf_counter() - started
         plan.apply(model, backend=backend)
+        facts["_plan"] = plan
+        facts["budget"] = fraction
         facts["plan"] = str(plan)
         facts["estimated_time_ratio"] = plan.estimated_step_time_ratio
         facts["estimated_bytes_ratio"] = plan.estimated_bytes / plan.plain_bytes
+        facts["profiled_plain_bytes"] = plan.plain_bytes
         facts["decisions"] = sorted(set(plan.decisions.values()))
         facts["considered"] = [
             {
                 "label": c.label,
                 "estimated_bytes_ratio": c.estimated_bytes / plan.plain_bytes,
                 "estimated_seconds": c.estimated_seconds,
+                "weighed_seconds": c.weighed_seconds,
                 "fits": c.fits,
                 "taken": c.taken,
             }
@@ -369,13 +420,72 @@ def step(case: ZooModel, model: nn.Module, backend: Accelerator) -> float:
     return elapsed
 
 
+def _build_variants(
+    case: ZooModel,
+    variants: list[str],
+    backend: Accelerator,
+    unavailable: dict[str, str],
+    models: dict[str, nn.Module],
+    facts: dict[str, dict[str, Any]],
+    budgets: dict[str, float] | None = None,
+) -> None:
+    """Set up each of ``variants`` into ``models`` and ``facts``, or say in ``unavailable``
+    why not (a budget the planner cannot reach, a compiler that fails on this host)."""
+    for name in variants:
+        if name in unavailable:
+            continue
+        repeated = name.removesuffix(AGAIN) if name.endswith(AGAIN) else None
+        plan = facts[repeated].get("_plan") if repeated in facts else None
+        if repeated is not None and repeated != "plain" and plan is None:
+            unavailable[name] = f"{repeated} has no plan"
+            continue
+        try:
+            budget = None if budgets is None else budgets[name]
+            models[name], facts[name] = variant(case, name, backend, budget=budget, plan=plan)
+        except ValueError as error:  # a budget the planner cannot reach for this model
+            if not name.startswith(("budget", "plan at ")):
+                raise
+            unavailable[name] = f"plan_checkpointing raised: {error}"
+        except Exception as error:  # a compiler that fails on this host: reported, not fatal
+            if not name.startswith("compiled"):
+                raise
+            unavailable[name] = f"failed: {type(error).__name__}: {error}"[:300]
+
+
+def _time_rounds(
+    case: ZooModel,
+    models: dict[str, nn.Module],
+    variants: list[str],
+    backend: Accelerator,
+    args: argparse.Namespace,
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds per round by variant, and the run's noise: at least ``--steps`` rounds,
+    more until the pairs timed twice agree (``_budget_checks.noise``), at most
+    ``--max-steps``."""
+    for _ in range(args.warmup):
+        for name in variants:
+            step(case, models[name], backend)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    repeated = REPEATED if REPEATED + AGAIN in models else None
+    while True:
+        shift = len(times["plain"]) % len(variants)
+        for name in variants[shift:] + variants[:shift]:
+            times[name].append(step(case, models[name], backend))
+        rounds = len(times["plain"])
+        if rounds >= args.steps:
+            found = noise(times, repeated)
+            if found["agreed"] or rounds >= max(args.max_steps, args.steps):
+                return times, found
+
+
 def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dict[str, Any]:
     size, note = gpu_size(family, args.size)
     if note is not None:
         print(note)
     case = build(family, size).to(backend.device())
     on_cpu = backend.name == "cpu"
-    variants = ["plain", *(f"budget {b}" for b in BUDGETS), "full", *TORCH_VARIANTS]
+    budgets = [f"budget {b}" for b in BUDGETS]
+    variants = ["plain", "plain" + AGAIN, *budgets, REPEATED + AGAIN, "full", *TORCH_VARIANTS]
     unavailable: dict[str, str] = {}
     rule = torchtitan_rule()
     if isinstance(rule, str):
@@ -384,19 +494,18 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         variants.extend(COMPILED)
     models: dict[str, nn.Module] = {}
     facts: dict[str, dict[str, Any]] = {}
-    for name in variants:
-        if name in unavailable:
-            continue
-        try:
-            models[name], facts[name] = variant(case, name, backend)
-        except ValueError as error:  # a budget the planner cannot reach for this model
-            if not name.startswith("budget"):
-                raise
-            unavailable[name] = f"plan_checkpointing raised: {error}"
-        except Exception as error:  # a compiler that fails on this host: reported, not fatal
-            if not name.startswith("compiled"):
-                raise
-            unavailable[name] = f"failed: {type(error).__name__}: {error}"[:300]
+    _build_variants(case, variants, backend, unavailable, models, facts)
+    counted = {name: case.held(models[name]) for name in RULES if name in models}
+    counted["plain"] = case.held(models["plain"])
+    # The planner at each rule's measured memory, as a fraction of plain's.
+    plain_live, plain_saved = counted["plain"]
+    at_rules = {
+        at_memory(rule): min(1.0, (counted[rule][0] - plain_live + plain_saved) / plain_saved)
+        for rule in RULES
+        if rule in counted
+    }
+    _build_variants(case, list(at_rules), backend, unavailable, models, facts, at_rules)
+    variants += list(at_rules)
     for name, reason in unavailable.items():
         print(f"{family}: {name} unavailable: {reason}"[:400])
     variants = [name for name in variants if name in models]
@@ -407,22 +516,16 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         for name in variants
         if name == "plain" or name.startswith("compiled")
     }
-    counted = {
-        name: case.held(models[name]) for name in variants if not name.startswith("compiled")
-    }
-    plain_live, plain_saved = counted["plain"]
+    counted.update(
+        (name, case.held(models[name]))
+        for name in variants
+        if name not in counted and not name.startswith("compiled")
+    )
     reference = gradients(case, models["plain"])
     # Off the CPU: how far the plain model is from itself (the kernels' own noise).
     rerun = None if on_cpu else difference(gradients(case, models["plain"]), reference)
     compiled_reference = gradients(case, models["compiled"]) if "compiled" in models else None
-    for _ in range(args.warmup):
-        for name in variants:
-            step(case, models[name], backend)
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for round_index in range(args.steps):
-        shift = round_index % len(variants)
-        for name in variants[shift:] + variants[:shift]:
-            times[name].append(step(case, models[name], backend))
+    times, run_noise = _time_rounds(case, models, variants, backend, args)
     rows: dict[str, dict[str, Any]] = {}
     for name in variants:
         compiled = name.startswith("compiled")
@@ -459,21 +562,31 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
             "measured": measured,
             "estimate": estimate,
             "estimate_error": None if estimate is None else abs(estimate - measured),
+            "noise": run_noise["noise"],
             "exact": exact,
             "bit_equal": bit_equal,
             "grad_difference": relative,
             "grad_difference_to_compiled": to_compiled,
-            **{k: v for k, v in facts[name].items() if k != "plan"},
+            **{k: v for k, v in facts[name].items() if k != "plan" and not k.startswith("_")},
         }
     half = rows.get("budget 0.5")
     limit = TARGET_TRANSFORMER if family in TRANSFORMERS else TARGET_TIME
+    profiled = next((f["profiled_plain_bytes"] for f in facts.values() if "plan" in f), None)
     return {
         "model": family,
         "size": size,
         "size_note": note,
+        # The profile's plain-step bytes against the plain step's saved bytes, measured.
+        "plain_bytes": {
+            "profiled": profiled,
+            "measured": plain_saved,
+            "error": None if profiled is None else abs(profiled - plain_saved) / plain_saved,
+        },
         "exact_rule": "bit-equal" if on_cpu else f"bit-equal or within {GPU_TOLERANCE:g}",
         "plain_rerun_difference": rerun,
         "variants": rows,
+        "noise": run_noise,
+        "dominance": dominance(rows),
         "unavailable": unavailable,
         "plans": {k: v["plan"] for k, v in facts.items() if "plan" in v},
         "time_target": limit,
@@ -483,7 +596,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
             and half["time_ratio"] <= limit
             and half["time_ratio"] <= rows["full"]["time_ratio"]
         ),
-        "summary_at_half": summary_at_half(half, limit, rows["full"]["time_ratio"]),
+        "summary_at_half": summary_at_half(half, limit, rows["full"]["time_ratio"], run_noise),
         # None where a budget has no plan (the planner raised): nothing to judge there.
         "fits": None
         if any(f"budget {b}" in unavailable for b in BUDGETS)
@@ -493,12 +606,13 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
 
 
 def summary_at_half(
-    half: dict[str, Any] | None, limit: float, full_ratio: float
+    half: dict[str, Any] | None, limit: float, full_ratio: float, run_noise: dict[str, Any]
 ) -> dict[str, Any] | None:
     """The budget-0.5 row's summary: memory, measured and estimated time, the targets.
 
     ``None`` where the planner gave no plan at 0.5. ``met`` is the time target (``limit``),
-    the budget plus 2% and exactness together; ``not_slower_than_full`` is reported apart.
+    the budget plus 2% and exactness together; ``not_slower_than_full`` is reported apart;
+    ``noise`` is the run's (``_budget_checks.noise``).
     """
     if half is None:
         return None
@@ -510,6 +624,7 @@ def summary_at_half(
         "measured": half["measured"],
         "estimate": half["estimate"],
         "estimate_error": half["estimate_error"],
+        "noise": run_noise["noise"],
         "time_target": limit,
         "time_met": time_met,
         "fits": fits,
@@ -560,6 +675,13 @@ def print_case(result: dict[str, Any]) -> None:
     headers = ("variant", "activations", "memory", "step", "measured", "estimate")
     print_table((*headers, "|est - meas|", "exact"), rows)
     verdict = "met" if result["target_at_half"] else "NOT met"
+    found = result["noise"]
+    pair = "-" if found["plan_vs_plan"] is None else f"{found['plan_vs_plan']:.3f}"
+    print(
+        f"noise over {found['rounds']} rounds: plain against plain "
+        f"{found['plain_vs_plain']:.3f}, plan against plan {pair} (agree within "
+        f"{found['within']}: {'yes' if found['agreed'] else 'NO'})"
+    )
     print(
         f"target at budget 0.5 (<= {TARGET_BYTES}x memory, <= {result['time_target']}x time, "
         f"<= full): {verdict}; every budget fits: "
@@ -576,7 +698,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         summary = result["summary_at_half"]
         if summary is None:
             reason = result["unavailable"].get("budget 0.5", "no plan")
-            rows.append((result["model"], "-", "-", "-", "-", "-", "-", "-", _brief(reason)))
+            rows.append((result["model"], *("-",) * 8, _brief(reason)))
             continue
         time_verdict = "met" if summary["time_met"] else "missed"
         rows.append(
@@ -586,14 +708,15 @@ def print_summary(results: list[dict[str, Any]]) -> None:
                 f"{summary['measured']:.2f}x",
                 _ratio(summary["estimate"]),
                 f"{summary['estimate_error']:.2f}",
+                f"{summary['noise']:.2f}",
                 f"<= {summary['time_target']:.2f}x: {time_verdict}",
                 "yes" if summary["fits"] else "NO",
                 "yes" if summary["exact"] else "NO",
                 "met" if summary["met"] else "missed",
             )
         )
-    headers = ("model", "memory", "measured", "estimate", "|est - meas|", "time target")
-    print_table((*headers, "within budget +2%", "exact", "target"), rows)
+    headers = ("model", "memory", "measured", "estimate", "|est - meas|", "noise")
+    print_table((*headers, "time target", "within budget +2%", "exact", "target"), rows)
 
 
 def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
@@ -612,7 +735,7 @@ def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
         ours = sorted(
             (r["bytes_ratio"], r["time_ratio"])
             for v, r in rows.items()
-            if v.startswith("budget") or v in ("plain", "full")
+            if (is_plan(v) and v.startswith("budget")) or v in ("plain", "full")
         )
         axis.plot(*zip(*ours, strict=True), color="C0", alpha=0.4)
         for name, row in rows.items():
@@ -660,10 +783,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the zoo's shapes: bench (default), small (the tests'), gpu (a CUDA run's)",
     )
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds")
-    parser.add_argument("--steps", type=int, default=5, help="timed rounds")
+    parser.add_argument("--steps", type=int, default=5, help="timed rounds, at least")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=15,
+        help="timed rounds at most, taken until plain against plain and the 0.5 plan "
+        "against itself agree within 0.03",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--compile", action="store_true", help="add the torch.compile rows")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the plot")
+    parser.add_argument("--note", default="", help="a note for the JSON (how the host was)")
     return parser.parse_args(argv)
 
 
@@ -703,9 +834,12 @@ def main() -> None:
                 "skipped": skipped,
                 "warmup": args.warmup,
                 "steps": args.steps,
+                "max_steps": args.max_steps,
+                "note": args.note,
                 "threads": torch.get_num_threads(),
                 "seconds": time.perf_counter() - started,
                 "torch_version": torch.__version__,
+                "dominance": count_dominated(results),
                 "models": results,
             },
         )
@@ -718,6 +852,7 @@ def main() -> None:
         results.append(result)
         path = write()
     print_summary(results)
+    print_dominance(results)
     seconds = time.perf_counter() - started
     print(f"\n{seconds:.0f} s; wrote {path}")
     if args.plot:

@@ -26,6 +26,8 @@ Public names:
   ``apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=(x,))``);
   a plan saves to JSON and loads back; :class:`DeviceRates`, :func:`default_rates`
   and :func:`calibrate_rates`: the cost model's inputs (:mod:`checkpointing.planner`);
+  :class:`PlanMeasurement`: one real step under a plan beside its figures
+  (``plan.measure(model, example_inputs)``, to run once on a new device);
   :class:`PerCallWrapper`: what a plan puts around a module it checkpoints call by call;
 * :func:`is_recomputing`: whether this thread is re-running a checkpointed function;
 * :class:`CheckpointError`: a recomputation that does not match its forward (torch's
@@ -52,6 +54,7 @@ from ._wrapper import CheckpointWrapper, checkpoint_wrapper
 from .planner import (
     CheckpointPlan,
     DeviceRates,
+    PlanMeasurement,
     calibrate_rates,
     default_rates,
     plan_checkpointing,
@@ -79,6 +82,7 @@ __all__ = [
     "DeviceRates",
     "LiveActivationMeter",
     "PerCallWrapper",
+    "PlanMeasurement",
     "SavedTensorMeter",
     "apply_activation_checkpointing",
     "calibrate_rates",

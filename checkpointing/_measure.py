@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LiveActivationMeter", "SavedTensorMeter", "storage_key"]
+__all__ = ["LiveActivationMeter", "SavedTensorMeter", "held_bytes", "storage_key"]
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -160,6 +160,26 @@ class LiveActivationMeter:
 
     def __exit__(self, *exc_info: object) -> None:
         self._mode.__exit__(*exc_info)
+
+
+def held_bytes(
+    live: LiveActivationMeter, saved: SavedTensorMeter, output: Iterable[torch.Tensor]
+) -> int:
+    """The activation bytes a forward holds for backward, read from both meters after it.
+
+    What the forward created that is still alive (``live``), less its ``output``
+    tensors' storages where autograd did not save them, plus what autograd saved that
+    the forward did not create (its inputs): the bytes the planner's profile counts,
+    whatever keeps them (autograd, a checkpoint's inputs, a selective cache).
+    """
+    outputs = {storage_key(tensor) for tensor in output}
+    held = {
+        key: live._tracked[key]
+        for key in live._since
+        if key in live._tracked and (key not in outputs or key in saved._storages)
+    }
+    held.update(saved._storages)
+    return sum(held.values())
 
 
 def _holds_memory(tensor: torch.Tensor) -> bool:

@@ -6,7 +6,9 @@ of some operators and lets everything else be recomputed in backward. Two polici
 
 * by operator class (:func:`selective_context_fn`): keep matrix products,
   convolutions and attention; recompute pointwise activations, dropout,
-  normalisation, softmax and reshapes;
+  normalisation, softmax and reshapes. With ``every_second_mm``, torchtitan's rule:
+  the 2nd, 4th, ... ``aten.mm`` of each module call is recomputed too
+  (:func:`alternated`);
 * by measured call (:func:`kept_calls_context_fn`): keep exactly the calls the
   planner chose from a profiled step (:mod:`._kept_ops`), named by operator and
   occurrence. In the forward a guard checks the rules that keep the recomputation
@@ -35,7 +37,9 @@ from ._measure import storage_key
 from ._non_reentrant import ContextFn
 
 __all__ = [
+    "ALTERNATED_OPERATOR",
     "SAVED_OPERATORS",
+    "alternated",
     "is_saved_operator",
     "kept_calls_context_fn",
     "selective_context_fn",
@@ -87,9 +91,27 @@ SAVED_OPERATORS = _overloads(
 """The aten operators whose outputs a selective checkpoint keeps."""
 
 
+ALTERNATED_OPERATOR = "aten.mm.default"
+"""The operator of which ``every_second_mm`` recomputes every second call (a bias-free
+``nn.Linear``'s product; ``addmm`` and batched products stay kept, as in torchtitan)."""
+
+
 def is_saved_operator(func: Any) -> bool:
     """Whether the selective policy keeps the output of the aten operator ``func``."""
     return func in SAVED_OPERATORS
+
+
+def alternated(name: str, occurrence: int) -> bool:
+    """Whether ``every_second_mm`` recomputes this call, kept by the class policy otherwise.
+
+    Args:
+        name: The operator overload's name (``"aten.mm.default"``).
+        occurrence: How many calls of it came before in the same module call.
+
+    Returns:
+        True for the 2nd, 4th, ... ``aten.mm`` call of a module call.
+    """
+    return name == ALTERNATED_OPERATOR and occurrence % 2 == 1
 
 
 def unavailable_reason() -> str | None:
@@ -114,19 +136,38 @@ def _outside_hooks(contexts: tuple[Any, Any]) -> tuple[Any, Any]:
     return forward, recompute
 
 
-def selective_context_fn() -> ContextFn:
+def selective_context_fn(every_second_mm: bool = False) -> ContextFn:
     """Return a ``context_fn`` that keeps :data:`SAVED_OPERATORS` outputs, recomputes the rest.
+
+    Args:
+        every_second_mm: Recompute the 2nd, 4th, ... ``aten.mm`` of each call too
+            (torchtitan's rule; :func:`alternated`). The count starts afresh with each
+            call of ``context_fn`` (each module call), and a recomputation that asks the
+            policy again (torch before 2.6 does) counts apart from the forward.
 
     Raises:
         RuntimeError: If this torch has no selective-checkpoint API (torch 2.4).
     """
     create, policy = _api()
+    mm = torch.ops.aten.mm.default
 
     def choose(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         return policy.MUST_SAVE if func in SAVED_OPERATORS else policy.PREFER_RECOMPUTE
 
     def context_fn() -> Any:
-        return _outside_hooks(create(choose))
+        if not every_second_mm:
+            return _outside_hooks(create(choose))
+        counts = [0, 0]  # mm calls seen in the forward, in the recomputation
+
+        def alternate(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+            if func == mm:
+                seen = counts[ctx.is_recompute]
+                counts[ctx.is_recompute] += 1
+                if alternated(ALTERNATED_OPERATOR, seen):
+                    return policy.PREFER_RECOMPUTE
+            return choose(ctx, func)
+
+        return _outside_hooks(create(alternate))
 
     result: Callable[[], Any] = context_fn
     return result

@@ -24,7 +24,9 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
     By default the outputs of matrix products, convolutions and attention are kept and
     pointwise operators, dropout and normalisation are recomputed in backward. With
     ``kept_calls``, exactly those ``(operator, occurrence)`` calls are kept (a plan's
-    measured choice). Always the non-reentrant variant (a selective policy needs it).
+    measured choice). With ``every_second_mm``, the 2nd, 4th, ... ``aten.mm`` of each
+    call is recomputed too (torchtitan's rule). Always the non-reentrant variant (a
+    selective policy needs it).
     """
 
     def __init__(
@@ -35,11 +37,19 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
         backend: Accelerator | None = None,
         kept_calls: Sequence[tuple[str, int]] | None = None,
         name: str = "",
+        every_second_mm: bool = False,
     ) -> None:
+        if kept_calls is not None and every_second_mm:
+            raise ValueError(
+                "checkpointing: SelectiveCheckpointWrapper takes kept_calls or "
+                "every_second_mm, not both: kept_calls names every kept call already. "
+                "Pass one of them."
+            )
         super().__init__(module, preserve_rng_state=preserve_rng_state, backend=backend)
         self.kept_calls = None if kept_calls is None else tuple(kept_calls)
+        self.every_second_mm = every_second_mm
         self._context_fn = (
-            selective_context_fn()
+            selective_context_fn(every_second_mm)
             if self.kept_calls is None
             else kept_calls_context_fn(self.kept_calls, name)
         )
@@ -61,4 +71,6 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
     def extra_repr(self) -> str:
         if self.kept_calls is not None:
             return f"selective: {len(self.kept_calls)} measured operator calls kept"
+        if self.every_second_mm:
+            return "selective: matmul and attention outputs kept, but every second mm"
         return "selective: matmul and attention outputs kept"

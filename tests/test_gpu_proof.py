@@ -598,7 +598,7 @@ def test_bench_budget_runs_a_family_at_a_chosen_size_with_the_cpu_exactness_rule
 
     import accel
 
-    args = argparse.Namespace(size="small", compile=False, warmup=0, steps=1)
+    args = argparse.Namespace(size="small", compile=False, warmup=0, steps=1, max_steps=1)
     result = bench_budget.run_case("qwen2", accel.get_backend("cpu"), args)
     assert result["size"] == "small" and result["size_note"] is None
     assert result["exact_rule"] == "bit-equal" and result["plain_rerun_difference"] is None
@@ -609,3 +609,6 @@ def test_bench_budget_runs_a_family_at_a_chosen_size_with_the_cpu_exactness_rule
         assert row["exact"] is row["bit_equal"]
     summary = result["summary_at_half"]
     assert summary is not None and {"estimate", "measured", "bit_equal"} <= set(summary)
+    # One round (--max-steps 1), the noise beside each figure, both rules judged.
+    assert result["noise"]["rounds"] == 1 and summary["noise"] == result["noise"]["noise"]
+    assert set(result["dominance"]["rules"]) <= {"torch selective", "torchtitan op rule"}

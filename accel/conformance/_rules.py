@@ -36,6 +36,10 @@ RULES: dict[str, str] = {
     "checkpoint-vmap": "torch.func.vmap over the non-reentrant checkpoint gives the plain values",
     "rng-devices": "get_rng_state/set_rng_state/fork_rng address each device index",
     "compile-backend": "compile_backend names a torch.compile backend that compiles on the device",
+    "attention-kernel": (
+        "attention_kernel (own or accel's default) answers None or one of "
+        "accel.ATTENTION_KERNELS for meta tensors"
+    ),
 }
 """Every conformance rule: its id (what a failure message names) and what it checks."""
 

@@ -1,10 +1,11 @@
-"""Per-device generators and the backend's torch.compile backend."""
+"""Per-device generators, the backend's torch.compile backend and its attention kernel."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import accel
 from accel import Accelerator, DeviceIndexError
 from accel.conformance import rule
 
@@ -65,3 +66,24 @@ def test_compile_backend_compiles(accel_backend: Accelerator) -> None:
     assert torch.allclose(out, linear(x).cpu(), atol=1e-5), rule(
         "compile-backend", "the compiled module's output differs from the eager one"
     )
+
+
+def test_attention_kernel(accel_backend: Accelerator) -> None:
+    # Asked as the planner asks it: about tensors that hold no data (meta here, fake
+    # there), with and without dropout, a mask and grouped query heads.
+    def meta(heads: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(2, heads, 16, 64, device="meta", dtype=dtype).requires_grad_()
+
+    mask = torch.empty(2, 1, 16, 16, device="meta", dtype=torch.bool)
+    for dtype in (torch.float32, torch.float16):
+        query, key = meta(4, dtype), meta(2, dtype)
+        calls = [
+            (query, query, query, None, 0.0, False, False),
+            (query, query, query, mask, 0.1, False, False),
+            (query, key, key, None, 0.1, True, True),
+        ]
+        for call in calls:
+            kernel = accel.attention_kernel(accel_backend, *call)
+            assert kernel is None or kernel in accel.ATTENTION_KERNELS, rule(
+                "attention-kernel", f"attention_kernel() answered {kernel!r}"
+            )

@@ -6,7 +6,9 @@ prices each operator call from FLOPs and bytes at a device's rates; ``_options``
 the ways to checkpoint each module call (with ``_saved_grain`` and ``_kept_ops``);
 ``_search`` finds the combination that fits in the least time; ``_plan`` is the plan
 (print, apply; ``_signature`` checks what it is applied to, ``_store`` writes its JSON);
-``_agree`` gives every rank of a ``torch.distributed`` group rank 0's plan. On request
+``_agree`` gives every rank of a ``torch.distributed`` group rank 0's plan;
+``_measure_step`` runs one real step under a plan against its figures
+(:meth:`CheckpointPlan.measure`). On request
 only, ``_calibrate`` measures and caches a device's rates (with ``_stopwatch``, the one
 module that reads a clock, and ``_operator_rates`` for a model's own operators).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from ._calibrate import calibrate_rates, default_rates, rates_cache_path
 from ._cost import DeviceRates, builtin_rates
+from ._measure_step import PlanMeasurement
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._planning import plan_checkpointing
 
@@ -22,6 +25,7 @@ __all__ = [
     "CheckpointPlan",
     "ConsideredPlan",
     "DeviceRates",
+    "PlanMeasurement",
     "PlanRow",
     "builtin_rates",
     "calibrate_rates",

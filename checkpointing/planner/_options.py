@@ -8,10 +8,12 @@ activations, whole only; an RNN, whose layers are fused kernels, whole only too)
 options are: one saved-tensor plan per
 prefix of its greedy drop and pack units (:mod:`._saved_grain`); the whole module (keep
 its inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
-:mod:`._selective`); and one selective checkpoint per prefix of the measured units
-(:mod:`._kept_ops`). Each option's bytes saved are exclusive to the module call; its
-time is the cost model's estimate of the recomputation (:mod:`._cost`), with the
-selective policy's or the saved-tensor hooks' own overhead per call added.
+:mod:`._selective`), and the same with torchtitan's rule where the call runs two
+``aten.mm`` or more (every second ``mm`` recomputed too); and one selective checkpoint
+per prefix of the measured units (:mod:`._kept_ops`). Each option's bytes saved are
+exclusive to the module call; its time is the cost model's estimate of the
+recomputation (:mod:`._cost`), with the selective policy's or the saved-tensor hooks'
+own overhead per call added.
 Modules that contain batch norm in training (running statistics) get no selective
 option: the recomputation gives such modules fresh buffers, a call the selective
 policy never saw in the forward. Modules that call an operator whose output shape or
@@ -28,11 +30,12 @@ from typing import Any
 
 from accel._compat import selective_cache_allows_mutation
 
-from .._decisions import FULL, MEASURED, SAVED, SELECTIVE
+from .._decisions import ALTERNATE, FULL, MEASURED, SAVED, SELECTIVE
 from .._replay import counted
 from .._saved_plan import DROP, PACK
+from .._selective import alternated
 from ._kept_ops import Unit, find_units, keep_options
-from ._records import StepProfile
+from ._records import OpCall, StepProfile
 from ._saved_grain import SavedUnit, saved_summary, saved_units
 
 __all__ = [
@@ -75,9 +78,10 @@ def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
     """The ways to checkpoint module call ``name``, with their exclusive savings.
 
     A selective option's recompute time is the module's forward time, less the own
-    time of the operators it keeps, plus what its policy costs per operator call and
-    per kept call; a saved-tensor option's is its recipes' and packs' time plus its
-    hooks' per saved tensor (the rates' ``policy_*`` and ``hook_seconds``).
+    time of the operators it keeps (torchtitan's rule keeps the class's outputs but
+    every second ``mm``'s, and recomputes those), plus what its policy costs per
+    operator call and per kept call; a saved-tensor option's is its recipes' and packs'
+    time plus its hooks' per saved tensor (the rates' ``policy_*`` and ``hook_seconds``).
     """
     record = profile.modules[name]
     rates = profile.rates
@@ -132,18 +136,27 @@ def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
         # saved-tensor grains are offered around such modules.
         return options
     calls = len(record.ops)
-    options.append(
-        option(
-            SELECTIVE,
+
+    def by_class(decision: str, kind: str, recomputed: list[OpCall]) -> Option:
+        """The class policy, with the class's kept ``recomputed`` calls recomputed too."""
+        cached = record.cached.difference(*(op.fresh for op in recomputed))
+        return option(
+            decision,
             record.recomputed_time
+            + sum(op.seconds for op in recomputed)
             + rates.policy_call_seconds * calls
-            + rates.policy_kept_seconds * len(record.cached),
-            inputs | record.cached,
-            kind="ops: pointwise, dropout, norm",
+            + rates.policy_kept_seconds * len(cached),
+            inputs | cached,
+            kind=kind,
             policy_calls=calls,
-            kept_count=len(record.cached),
+            kept_count=len(cached),
         )
-    )
+
+    options.append(by_class(SELECTIVE, "ops: pointwise, dropout, norm", []))
+    halved = [op for op in record.ops if alternated(op.name, op.occurrence)]
+    if halved:  # without a second mm it is the class policy itself: not offered twice
+        kind = "ops: pointwise, dropout, norm, every second mm"
+        options.append(by_class(ALTERNATE, kind, halved))
     measured = find_units(record.ops, selective_cache_allows_mutation()) if stable else []
     for numbers in keep_options(measured, profile.storage_bytes, record.inputs):
         chosen = [measured[number] for number in numbers]

@@ -20,7 +20,7 @@ from torch import nn
 from accel import Accelerator
 
 from .._caches import switch_off_kv_cache
-from .._decisions import FULL, MEASURED, SAVED, SELECTIVE
+from .._decisions import ALTERNATE, FULL, MEASURED, SAVED, SELECTIVE
 from .._per_call import PerCallWrapper, count_calls_per_forward
 from .._root import checkpoint_root, root_checkpointed
 from .._saved_plan import SavedPlan
@@ -28,6 +28,7 @@ from .._saved_wrapper import SavedTensorWrapper
 from .._selective_wrapper import SelectiveCheckpointWrapper
 from .._wrapper import CheckpointWrapper, checkpoint_wrapper
 from ._cost import DeviceRates
+from ._measure_step import PlanMeasurement, measure_plan
 from ._records import module_name
 from ._signature import check_inputs, check_model
 from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan
@@ -35,6 +36,7 @@ from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan
 __all__ = ["FORMAT", "CheckpointPlan", "ConsideredPlan", "PlanRow"]
 
 FORMAT = "accel.checkpoint-plan/1"
+_DECISIONS = (FULL, SELECTIVE, ALTERNATE, MEASURED, SAVED)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class ConsideredPlan:
     fits: bool  # estimated bytes within the budget
     taken: bool
     reason: str = ""  # why it was taken or not
+    # Recompute time with each grain's margin, as the search weighed it (None in plans
+    # saved before margins were used).
+    weighed_seconds: float | None = None
 
 
 def _mib(count: int) -> str:
@@ -75,7 +80,8 @@ class CheckpointPlan:
 
     Attributes:
         decisions: Module call to ``"checkpoint"`` (whole module), ``"recompute cheap
-            ops"`` (selective by operator class), ``"keep costly ops"`` (selective by
+            ops"`` (selective by operator class), ``"recompute cheap ops, every second
+            mm"`` (the same with torchtitan's rule), ``"keep costly ops"`` (selective by
             chosen calls) or ``"recompute saved"`` (saved-tensor grain), in visiting
             order. A name is a module's qualified name, or ``"name@k"`` for the k-th call
             of a module called several times per step.
@@ -104,6 +110,9 @@ class CheckpointPlan:
         saved_plans: For each ``"recompute saved"`` module call, what becomes of each
             of its saved tensors.
         considered: The whole-model plans weighed, and why each was or was not taken.
+        margins: The relative margin the search added to each grain's estimate
+            (decision to margin, :data:`GRAIN_MARGINS`); empty in plans saved before
+            margins were used.
     """
 
     decisions: dict[str, str]
@@ -123,6 +132,7 @@ class CheckpointPlan:
     kept_calls: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     saved_plans: dict[str, SavedPlan] = field(default_factory=dict)
     considered: tuple[ConsideredPlan, ...] = ()
+    margins: dict[str, float] = field(default_factory=dict)
 
     def check(self, model: nn.Module, example_inputs: Any = None) -> None:
         """Raise ``ValueError`` unless ``model`` (and ``example_inputs``) match the plan's.
@@ -202,6 +212,40 @@ class CheckpointPlan:
                 setattr(parent, leaf, self._wrapper(names[0], child, preserve_rng_state, backend))
         return list(self.decisions)
 
+    def measure(
+        self,
+        model: nn.Module,
+        example_inputs: Any,
+        *,
+        timed: bool = False,
+        backend: Accelerator | str | None = None,
+    ) -> PlanMeasurement:
+        """Run one training step of ``model`` under this plan and report what it held.
+
+        Run it once on a new device: the plan's figures come from fake tensors, this is
+        the device's own count (see :class:`PlanMeasurement`). ``model`` is the model the
+        plan was applied to; one it was not applied to is refused. Parameters,
+        gradients, buffers and generator states are put back, also after an exception.
+        A step over the budget by more than 2% of the plain bytes warns with figures.
+
+        Args:
+            model: The model, with this plan applied (:meth:`apply`).
+            example_inputs: Inputs of a training step, shaped like the planned ones.
+            timed: Also time the step against the plain step (the wrappers taken off,
+                which holds the plain step's activations): one untimed round of each,
+                then three alternating timed rounds, medians compared. Off by default.
+            backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+
+        Returns:
+            The measured activation bytes beside the plan's estimate, budget and plain
+            bytes; with ``timed``, the step time ratio beside the estimated one.
+
+        Raises:
+            ValueError: If ``model`` or ``example_inputs`` differ from the planned ones,
+                or the plan was not applied to ``model``.
+        """
+        return measure_plan(self, model, example_inputs, timed=timed, backend=backend)
+
     def _target(self, model: nn.Module, module: str) -> tuple[nn.Module, str, nn.Module]:
         parent_name, _, leaf = module.rpartition(".")
         try:
@@ -221,6 +265,13 @@ class CheckpointPlan:
         for name, decision in self.decisions.items():
             if module_name(name) != module:
                 continue
+            if decision not in _DECISIONS:
+                raise ValueError(
+                    f"checkpointing: this plan says {decision!r} for {name!r}, which this "
+                    f"release does not know (it knows {', '.join(map(repr, _DECISIONS))}). "
+                    "Plan again with this release, or load the plan with the release "
+                    "that made it."
+                )
             if decision == MEASURED and name not in self.kept_calls:
                 raise ValueError(
                     f"checkpointing: this plan keeps chosen operator calls in {name!r} "
@@ -245,13 +296,14 @@ class CheckpointPlan:
         decision = self.decisions[name]
         if decision == SAVED:
             return SavedTensorWrapper(child, self.saved_plans[name], backend=backend)
-        if decision in (SELECTIVE, MEASURED):
+        if decision in (SELECTIVE, ALTERNATE, MEASURED):
             return SelectiveCheckpointWrapper(
                 child,
                 preserve_rng_state=preserve_rng_state,
                 backend=backend,
                 kept_calls=self.kept_calls[name] if decision == MEASURED else None,
                 name=name,
+                every_second_mm=decision == ALTERNATE,
             )
         return checkpoint_wrapper(child, preserve_rng_state=preserve_rng_state, backend=backend)
 
@@ -328,6 +380,7 @@ class CheckpointPlan:
             "kept_calls": {k: [list(c) for c in v] for k, v in self.kept_calls.items()},
             "saved_plans": {k: encode_saved_plan(v) for k, v in self.saved_plans.items()},
             "considered": [list(c.__dict__.values()) for c in self.considered],
+            "margins": dict(self.margins),
         }
 
     @classmethod
@@ -363,6 +416,8 @@ class CheckpointPlan:
                 },
                 saved_plans={k: decode_saved_plan(v) for k, v in value["saved_plans"].items()},
                 considered=tuple(ConsideredPlan(*c) for c in value["considered"]),
+                # Absent from plans saved before the search weighed margins.
+                margins={k: float(v) for k, v in value.get("margins", {}).items()},
             )
         except (KeyError, TypeError) as error:
             raise PlanFormatError(

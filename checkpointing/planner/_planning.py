@@ -41,7 +41,7 @@ from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._profile import profile_step
 from ._records import StepProfile
 from ._saved_grain import saved_plan
-from ._search import Candidate, search
+from ._search import GRAIN_MARGINS, Candidate, search
 from ._signature import inputs_of, structure_of
 
 __all__ = ["plan_checkpointing"]
@@ -221,7 +221,13 @@ def _build(
     recompute = sum(option.seconds for option in chosen.values())
     considered = tuple(
         ConsideredPlan(
-            c.label, c.estimated_bytes, c.estimated_seconds, c.fits(budget), c is taken, c.reason
+            c.label,
+            c.estimated_bytes,
+            c.estimated_seconds,
+            c.fits(budget),
+            c is taken,
+            c.reason,
+            c.weighed_seconds,
         )
         for c in pool
     )
@@ -244,6 +250,7 @@ def _build(
         rates=profile.rates,
         calls=calls,
         note=note,
+        margins=dict(GRAIN_MARGINS),
         kept_calls={
             name: option.calls for name, option in chosen.items() if option.decision == MEASURED
         },

@@ -43,6 +43,7 @@ from .._saved_plan import grad_pattern
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
+from ._kernels import device_kernels
 from ._records import ModuleProfile, OpCall, StepProfile, call_name
 
 __all__ = ["call_with_state", "fake_state", "profile_step"]
@@ -257,9 +258,13 @@ def fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
 
 
 def _run(
-    model: nn.Module, example_inputs: Any, rates: DeviceRates, fake: bool
+    model: nn.Module, example_inputs: Any, rates: DeviceRates, fake: bool, backend: Any
 ) -> tuple[_Calls, _Recorder, float]:
-    """One step under the recorder: fake (forward and backward) or real (forward only)."""
+    """One step under the recorder: fake (forward and backward) or real (forward only).
+
+    The fake step runs attention through the kernel the backend's device would choose
+    (:mod:`._kernels`); the real one runs on the device, which chooses for itself.
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode: Any = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
@@ -288,6 +293,7 @@ def _run(
             stack.callback(module.register_forward_pre_hook(calls.before, with_kwargs=True).remove)
             stack.callback(module.register_forward_hook(calls.after).remove)
         stack.enter_context(mode if fake else nullcontext())
+        stack.enter_context(device_kernels(backend) if fake else nullcontext())
         stack.enter_context(recorder)
         if fake:
             with torch.autograd.graph.saved_tensors_hooks(_keeping(calls.pack), _identity):
@@ -333,8 +339,9 @@ def profile_step(
     Args:
         model: The model, not yet checkpointed.
         example_inputs: A tuple of positional arguments or a dict of keyword arguments.
-        backend: The backend the model runs on (used only by the real-tensor fallback,
-            which puts its generators and the model's buffers back afterwards).
+        backend: The backend the model runs on: it names the attention kernel of its
+            device (:func:`accel.attention_kernel`), and the real-tensor fallback puts its
+            generators and the model's buffers back afterwards.
         rates: The device's rates for the cost model (default: the built-in ones for
             the backend's device type).
 
@@ -345,7 +352,7 @@ def profile_step(
     fallback = fake_profile_unavailable() or _no_fake_reason(model)
     if not fallback:
         try:
-            calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
+            calls, recorder, backward = _run(model, example_inputs, rates, True, backend)
         except ValueError:
             raise
         except Exception as error:
@@ -357,7 +364,7 @@ def profile_step(
             "estimated as twice the forward"
         )
         with untouched(model, backend):
-            calls, recorder, backward = _run(model, example_inputs, rates, fake=False)
+            calls, recorder, backward = _run(model, example_inputs, rates, False, backend)
     modules, saved_by = calls.finish()
     host = _host_device(model, example_inputs)
     return StepProfile(

@@ -2,8 +2,8 @@
 
 :class:`Knapsack` solves a tree-shaped multiple-choice knapsack over the call tree
 (at most one option per module call, never one inside a chosen one) for the least
-estimated recompute seconds that save at least ``s`` units of bytes, for every ``s``
-at once. The units are the same for every budget (a thousandth of the plain step's
+weighed recompute seconds (below) that save at least ``s`` units of bytes, for every
+``s`` at once. The units are the same for every budget (a thousandth of the plain step's
 activation bytes), so one table answers every budget.
 
 The knapsack adds each option's savings as if they were independent; the bytes a
@@ -16,6 +16,17 @@ candidates). Next to it stand plans a user would write by hand (:func:`uniform_c
 every repeated block whole, or at one option they share), and the fastest fitting
 candidate is taken. Everything here is arithmetic on the profile's estimates: the same
 profile, options and budget give the same plan.
+
+*Choice under uncertainty.* The cost model knows some grains' cost better than others':
+a whole module recomputes exactly the operators it priced; the operator class adds a
+policy per call; chosen calls rely on recorded occurrences; the saved-tensor grain adds
+hooks, unpacking and a rebuilt graph that it prices least well. So the search weighs each
+option at its estimate plus its grain's margin, ``seconds * (1 + GRAIN_MARGINS[grain])``,
+and where weighed figures tie, it takes the coarser grain (:data:`COARSENESS`), and a
+module's own option over a combination inside it. A finer option is taken only where it
+is estimated faster by more than its margin; in particular a looser budget, whose plan
+the table finds among cheaper combinations, switches a module to a finer grain only for
+such a gain. The plan records the margins; its estimates are the unweighed ones.
 
 *Repeated blocks* are sibling candidates of the same class with the same classes of
 children, found from the top of the model down (a model's decoder layers, a ResNet's
@@ -32,12 +43,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._decisions import FULL
+from .._decisions import ALTERNATE, FULL, MEASURED, SAVED, SELECTIVE
 from ._options import Option, nothing_to_checkpoint, storage_bytes
 from ._records import StepProfile
 
 __all__ = [
+    "COARSENESS",
     "EVERY_BLOCK",
+    "GRAIN_MARGINS",
     "Candidate",
     "Knapsack",
     "blocks",
@@ -45,23 +58,50 @@ __all__ = [
     "estimate",
     "search",
     "uniform_candidates",
+    "weighed",
 ]
 
 BUCKETS = 1000
 _ROWS = 32  # targets merged at once
 
+#: The grains, coarsest (cost best known) first: the order that breaks a tie.
+COARSENESS = (FULL, SELECTIVE, ALTERNATE, MEASURED, SAVED)
+
+#: Each grain's margin: how far, relative to its own estimate, its recompute time may be
+#: off beyond the error all grains share (the operators' rates). Stated, not fitted: on
+#: the CPU zoo (benchmarks/results/budget-cpu-20261128.json) plans of the saved-tensor
+#: grain measured several times their estimated recompute, and the policies' overhead per
+#: call is calibrated once per device. See docs/memory-budget.md, "How it decides".
+GRAIN_MARGINS: dict[str, float] = {
+    FULL: 0.0,
+    SELECTIVE: 0.10,
+    ALTERNATE: 0.10,
+    MEASURED: 0.25,
+    SAVED: 0.50,
+}
+
+
+def weighed(option: Option) -> float:
+    """The seconds the search weighs ``option`` at: its estimate plus its grain's margin."""
+    return option.seconds * (1.0 + GRAIN_MARGINS[option.decision])
+
+
+def _coarseness(option: Option) -> int:
+    return COARSENESS.index(option.decision)
+
 
 class Knapsack:
     """Tree-shaped multiple-choice knapsack over the module tree.
 
-    Minimises the total recompute time subject to the total saved bytes reaching
-    ``s`` units, for every ``s`` up to the plain step's bytes, choosing at most one
-    grain per module call and never one inside a chosen one. Savings are rounded down
-    to units of a ``BUCKETS``-th of the plain bytes (so the choice never saves less
-    than estimated), and each call keeps a table ``best[s]``: the least time for its
-    subtree to save at least ``s`` units. Children are merged by min-plus convolution,
-    so the cost is O(M * B^2) time and O(M * B) memory for M calls and B = ``BUCKETS``
-    (B^2 = 10^6 tensor operations per call with calls inside).
+    Minimises the total weighed recompute time (:func:`weighed`) subject to the total
+    saved bytes reaching ``s`` units, for every ``s`` up to the plain step's bytes,
+    choosing at most one grain per module call and never one inside a chosen one.
+    Savings are rounded down to units of a ``BUCKETS``-th of the plain bytes (so the
+    choice never saves less than estimated), and each call keeps a table ``best[s]``:
+    the least time for its subtree to save at least ``s`` units (on a tie the coarser
+    grain, and a call's own option over a combination inside it). Children are merged
+    by min-plus convolution, so the cost is O(M * B^2) time and O(M * B) memory for M
+    calls and B = ``BUCKETS`` (B^2 = 10^6 tensor operations per call with calls inside).
 
     The unit is the same for every budget, so ``best[s]`` is one table whatever the
     budget: a looser budget needs fewer units and, the table never decreasing, never
@@ -109,13 +149,17 @@ class Knapsack:
             splits.append(split)
         self.splits[name] = splits
         choice = torch.full((size + 1,), -1, dtype=torch.long)
+        # The grain of each entry, for ties: a combination inside ranks below every grain.
+        rank = torch.full((size + 1,), len(COARSENESS), dtype=torch.long)
         for number, option in enumerate(self.options.get(name, [])):
             units = min(math.floor(option.saved_bytes / self.unit), size)
             if units <= 0:
                 continue
-            better = best[: units + 1] > option.seconds
-            best[: units + 1] = torch.where(better, option.seconds, best[: units + 1])
-            choice[: units + 1] = torch.where(better, number, choice[: units + 1])
+            seconds, level, head = weighed(option), _coarseness(option), slice(1, units + 1)
+            better = (best[head] > seconds) | ((best[head] == seconds) & (rank[head] > level))
+            best[head] = torch.where(better, seconds, best[head])
+            choice[head] = torch.where(better, number, choice[head])
+            rank[head] = torch.where(better, level, rank[head])
         self.choice[name] = choice
         return best
 
@@ -137,7 +181,7 @@ class Knapsack:
         return min(max(math.ceil(need / self.unit), 0), self.size)
 
     def seconds(self, units: int) -> float:
-        """The least estimated recompute seconds that save ``units``; inf if none does."""
+        """The least weighed recompute seconds that save ``units``; inf if none does."""
         return float(self.table[units])
 
     def chosen(self, units: int) -> dict[str, Option]:
@@ -179,6 +223,16 @@ class Candidate:
     def seconds(self) -> float:
         """The estimated recompute seconds."""
         return self.estimated_seconds
+
+    @property
+    def weighed_seconds(self) -> float:
+        """The recompute seconds with each grain's margin (:func:`weighed`)."""
+        return sum(weighed(option) for option in self.chosen.values())
+
+    @property
+    def fineness(self) -> int:
+        """How fine its grains are: the sum of their places in :data:`COARSENESS`."""
+        return sum(_coarseness(option) for option in self.chosen.values())
 
 
 def estimate(profile: StepProfile, chosen: dict[str, Option]) -> int:
@@ -244,9 +298,9 @@ def _full(module_options: list[Option]) -> Option:
 
 
 def _fastest_fitting(candidates: list[Candidate], budget: int) -> Candidate | None:
-    """The fitting candidate with the least recompute seconds (the first among equals)."""
+    """The fitting candidate with the least weighed seconds (a tie: the coarser, the first)."""
     fitting = [c for c in candidates if c.fits(budget)]
-    return min(fitting, key=lambda c: c.seconds) if fitting else None
+    return min(fitting, key=lambda c: (c.weighed_seconds, c.fineness)) if fitting else None
 
 
 def search(
@@ -304,9 +358,16 @@ def _explain(pool: list[Candidate], best: Candidate, budget: int) -> None:
     """Say why each candidate was, or was not, taken."""
     for c in pool:
         if c is best:
-            c.reason = "taken: the least estimated recompute time of the plans that fit"
+            c.reason = (
+                "taken: the least estimated recompute time, with each grain's margin, of "
+                "the plans that fit"
+            )
         elif not c.fits(budget):
             c.reason = f"not taken: estimated {c.estimated_bytes - budget} bytes over the budget"
         else:
             slower = (c.seconds - best.seconds) * 1e3
-            c.reason = f"not taken: estimated {slower:.2f} ms more recompute than the one taken"
+            weighed_slower = (c.weighed_seconds - best.weighed_seconds) * 1e3
+            c.reason = (
+                f"not taken: estimated {slower:.2f} ms more recompute than the one taken "
+                f"({weighed_slower:.2f} ms with each grain's margin; on a tie, the coarser)"
+            )

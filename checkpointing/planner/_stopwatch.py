@@ -1,7 +1,8 @@
 """The stopwatch of :func:`calibrate_rates`: how much work a measurement does, and its median.
 
-The only module of the planner that reads a clock, and only when rates are calibrated
-on request (:mod:`._calibrate`); planning never imports a timing from here.
+The only module of the planner that reads a clock, and only on request: when rates are
+calibrated (:mod:`._calibrate`) and when a plan is measured with ``timed=True``
+(:mod:`._measure_step`); planning never imports a timing from here.
 """
 
 from __future__ import annotations

@@ -89,7 +89,15 @@ def test_a_looser_budget_is_never_estimated_slower(family: str) -> None:
     assert len(plans) >= 3
     for looser, tighter in itertools.pairwise(plans):
         assert looser.estimated_step_time_ratio <= tighter.estimated_step_time_ratio
+        # What the search minimises (estimates plus each grain's margin) never grows.
+        assert _weighed(looser) <= _weighed(tighter)
         assert tighter.estimated_bytes <= looser.budget_bytes  # the tighter plan fits too
+
+
+def _weighed(plan: CheckpointPlan) -> float:
+    (taken,) = [c for c in plan.considered if c.taken]
+    assert taken.weighed_seconds is not None
+    return taken.weighed_seconds
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,0 +1,198 @@
+"""bench_budget's judgements on measured rows: the noise of a run and dominance by fixed rules.
+
+Pure arithmetic on figures already measured (no model, no clock), so that it is tested
+on synthetic rows (``tests/test_bench_budget.py``).
+
+*Noise.* One run times, in the same rounds, the plain model twice (``plain`` and
+``plain again``, two copies) and one plan twice (``budget 0.5`` and ``budget 0.5
+again``: the same plan applied to two copies). Both pairs ought to measure alike: the
+plain pair's ratio differs from 1, and the plan pair's two ratios from each other, by
+the noise of the machine. :func:`noise` gives both; the bench takes more rounds until
+both are within :data:`AGREEMENT` (or it reaches its most rounds), and reports the
+larger beside every time figure. A time difference under it is not a finding.
+
+*Dominance.* A fixed rule (torch's "save matmuls" policy, torchtitan's operator rule)
+dominates a plan of the planner when it keeps no more activation memory and its step
+is faster by more than :data:`DOMINANCE_MARGIN`. For each rule, the bench plans at the
+rule's own measured memory (``plan at <rule>'s memory``) and times that plan in the same
+rounds; :func:`dominance` compares each rule with that plan and with every other plan
+of the run (the budget rows), and a family is dominated where any rule dominates any
+plan. The issue's target is 0 dominated families.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from _report import print_table
+
+__all__ = [
+    "AGAIN",
+    "AGREEMENT",
+    "DOMINANCE_MARGIN",
+    "RULES",
+    "at_memory",
+    "count_dominated",
+    "dominance",
+    "is_plan",
+    "noise",
+    "print_dominance",
+]
+
+#: Two timings of the same thing agree when their ratios to plain differ by at most this.
+AGREEMENT = 0.03
+#: A rule dominates a plan when faster by more than this (step time over plain's).
+DOMINANCE_MARGIN = 0.03
+#: The fixed rules people write by hand, as bench_budget names its variants.
+RULES = ("torch selective", "torchtitan op rule")
+#: The suffix of a variant timed a second time, for the noise.
+AGAIN = " again"
+#: So that ratios exactly ``margin`` apart (1.09 - 1.06 in floats) do not count as more.
+_ROUNDING = 1e-9
+
+
+def at_memory(rule: str) -> str:
+    """The variant that plans at ``rule``'s measured memory."""
+    return f"plan at {rule}'s memory"
+
+
+def is_plan(name: str) -> bool:
+    """Whether variant ``name`` is a plan of the planner (not a repeat for the noise)."""
+    planned = name.startswith("budget") or name.startswith("plan at ")
+    return planned and not name.endswith(AGAIN)
+
+
+def _ratio(times: Sequence[float], reference: Sequence[float]) -> float:
+    return statistics.median(a / b for a, b in zip(times, reference, strict=True))
+
+
+def noise(times: Mapping[str, Sequence[float]], repeated: str | None) -> dict[str, Any]:
+    """The run's noise from the variants timed twice in the same rounds.
+
+    Args:
+        times: Seconds per round by variant; ``plain`` and ``plain again`` are needed,
+            ``repeated`` and ``repeated + AGAIN`` where ``repeated`` is given.
+        repeated: The plan timed twice (``"budget 0.5"``), or ``None`` where it has no
+            plan (then only the plain pair counts).
+
+    Returns:
+        ``plain_vs_plain`` (|plain again / plain - 1|, medians of per-round ratios),
+        ``plan_vs_plan`` (the difference of the two copies' ratios to plain, or
+        ``None``), ``noise`` (the larger), ``rounds`` and ``agreed`` (both within
+        :data:`AGREEMENT`).
+    """
+    plain = times["plain"]
+    plain_pair = abs(_ratio(times["plain" + AGAIN], plain) - 1.0)
+    plan_pair = None
+    if repeated is not None and repeated in times and repeated + AGAIN in times:
+        plan_pair = abs(_ratio(times[repeated], plain) - _ratio(times[repeated + AGAIN], plain))
+    largest = max(plain_pair, plan_pair or 0.0)
+    return {
+        "plain_vs_plain": plain_pair,
+        "plan_vs_plan": plan_pair,
+        "plan_repeated": repeated if plan_pair is not None else None,
+        "noise": largest,
+        "rounds": len(plain),
+        "agreed": largest <= AGREEMENT,
+        "within": AGREEMENT,
+    }
+
+
+def dominance(
+    rows: Mapping[str, Mapping[str, Any]], margin: float = DOMINANCE_MARGIN
+) -> dict[str, Any]:
+    """Whether a fixed rule keeps no more memory than a plan and runs faster by ``margin``.
+
+    Args:
+        rows: Measured rows by variant name, each with ``bytes_ratio`` and
+            ``time_ratio`` (to plain); the rules are :data:`RULES`, the plans every
+            :func:`is_plan` name.
+        margin: How much faster (step-time ratio) a rule must be to dominate.
+
+    Returns:
+        ``rules``: per rule present, its figures, those of the plan at its memory (or
+        ``None`` where that plan is missing) and ``beats``, the plans it dominates, with
+        by how much; ``dominated``: whether any rule dominates any plan; ``margin``.
+    """
+    plans = {name: row for name, row in rows.items() if is_plan(name)}
+    found: dict[str, Any] = {}
+    for rule in RULES:
+        if rule not in rows:
+            continue
+        mine = rows[rule]
+        beats = [
+            {
+                "plan": name,
+                "bytes_ratio": plan["bytes_ratio"],
+                "time_ratio": plan["time_ratio"],
+                "faster_by": plan["time_ratio"] - mine["time_ratio"],
+            }
+            for name, plan in plans.items()
+            if mine["bytes_ratio"] <= plan["bytes_ratio"]
+            and plan["time_ratio"] - mine["time_ratio"] > margin + _ROUNDING
+        ]
+        at = rows.get(at_memory(rule))
+        found[rule] = {
+            "bytes_ratio": mine["bytes_ratio"],
+            "time_ratio": mine["time_ratio"],
+            "plan_at_its_memory": None
+            if at is None
+            else {"bytes_ratio": at["bytes_ratio"], "time_ratio": at["time_ratio"]},
+            "beats": beats,
+            "dominates": bool(beats),
+        }
+    return {
+        "rules": found,
+        "dominated": any(rule["dominates"] for rule in found.values()),
+        "margin": margin,
+    }
+
+
+def count_dominated(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Over a run's families: how many a fixed rule dominates, and which (target: 0)."""
+    judged = [r for r in results if r.get("dominance") and r["dominance"]["rules"]]
+    names = [r["model"] for r in judged if r["dominance"]["dominated"]]
+    return {"dominated": len(names), "families": len(judged), "names": names, "target": 0}
+
+
+def _figures(row: Mapping[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    return f"{row['bytes_ratio']:.2f}x, {row['time_ratio']:.2f}x"
+
+
+def print_dominance(results: Sequence[Mapping[str, Any]]) -> None:
+    """One row per family and rule: the rule, the plan at its memory, what it dominates."""
+    rows = []
+    for result in results:
+        judged = result.get("dominance")
+        if not judged:
+            continue
+        for rule, found in judged["rules"].items():
+            beaten = ", ".join(
+                f"{b['plan']} ({b['bytes_ratio']:.2f}x, {b['time_ratio']:.2f}x)"
+                for b in found["beats"]
+            )
+            rows.append(
+                (
+                    result["model"],
+                    rule,
+                    _figures(found),
+                    _figures(found["plan_at_its_memory"]),
+                    f"{result['noise']['noise']:.2f}" if result.get("noise") else "-",
+                    beaten or "none",
+                )
+            )
+    if not rows:
+        return
+    print(
+        f"\nfixed rules against the planner (memory, time; a rule dominates a plan when it "
+        f"keeps no more memory and is faster by more than {DOMINANCE_MARGIN})"
+    )
+    headers = ("model", "rule", "rule", "plan at its memory", "noise", "plans it dominates")
+    print_table(headers, rows)
+    count = count_dominated(results)
+    names = f" ({', '.join(count['names'])})" if count["names"] else ""
+    print(f"dominated families: {count['dominated']} of {count['families']}{names}; target 0")

@@ -1,0 +1,130 @@
+"""bench_budget's judgements on synthetic rows: dominance by a fixed rule, and the noise.
+
+The figures a run measures go through ``benchmarks/_budget_checks.py``; here they are
+made up, so that each verdict is known: a rule dominates a plan only when it keeps no
+more memory and is faster by more than 0.03, and the noise is the larger of plain
+against plain and one plan against itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+
+
+def _row(memory: float, time: float) -> dict[str, Any]:
+    return {"bytes_ratio": memory, "time_ratio": time}
+
+
+def _rows(**rules: tuple[float, float]) -> dict[str, dict[str, Any]]:
+    """The planner's plans of a run (GPT-2 on the GPU, issue 40) and the given rules."""
+    rows = {
+        "plain": _row(1.0, 1.0),
+        "plain again": _row(1.0, 1.01),
+        "budget 0.75": _row(0.74, 1.03),
+        "budget 0.5": _row(0.48, 1.09),
+        "budget 0.5 again": _row(0.48, 1.30),  # a repeat: never judged
+        "budget 0.25": _row(0.25, 1.20),
+        "full": _row(0.05, 1.30),
+    }
+    names = {"selective": "torch selective", "titan": "torchtitan op rule"}
+    for key, (memory, time) in rules.items():
+        rows[names[key]] = _row(memory, time)
+    return rows
+
+
+def test_a_rule_with_less_memory_and_a_faster_step_dominates_the_plans_it_beats() -> None:
+    from _budget_checks import at_memory, dominance
+
+    rows = _rows(titan=(0.39, 1.05), selective=(0.52, 1.08))
+    rows[at_memory("torchtitan op rule")] = _row(0.39, 1.07)
+    judged = dominance(rows)
+    titan = judged["rules"]["torchtitan op rule"]
+    assert judged["dominated"] and titan["dominates"]
+    assert [b["plan"] for b in titan["beats"]] == ["budget 0.5"]  # 0.48x at 1.09x
+    assert titan["beats"][0]["faster_by"] == pytest.approx(0.04)
+    assert titan["plan_at_its_memory"] == _row(0.39, 1.07)  # within 0.03: not beaten
+    selective = judged["rules"]["torch selective"]
+    assert not selective["dominates"] and selective["plan_at_its_memory"] is None
+
+
+@pytest.mark.parametrize(
+    ("rule", "why"),
+    [
+        ((0.49, 1.00), "keeps more memory than the 0.5 plan (0.48x), beats no plan"),
+        ((0.39, 1.06), "faster than the 0.5 plan by exactly 0.03, not more"),
+    ],
+)
+def test_no_dominance_with_more_memory_or_within_the_margin(
+    rule: tuple[float, float], why: str
+) -> None:
+    from _budget_checks import dominance
+
+    rows = _rows(titan=rule)
+    rows["budget 0.75"] = _row(0.74, 1.0)  # the 0.75 plan is not slower than any rule
+    rows["budget 0.25"] = _row(0.25, 1.0)
+    judged = dominance(rows)
+    assert not judged["dominated"], why
+    assert judged["rules"]["torchtitan op rule"]["beats"] == []
+
+
+def test_the_count_over_families_leaves_out_families_without_rules() -> None:
+    from _budget_checks import count_dominated, dominance
+
+    results = [
+        {"model": "gpt2", "dominance": dominance(_rows(titan=(0.39, 1.05)))},
+        {"model": "bert", "dominance": dominance(_rows(titan=(0.60, 1.00)))},
+        {"model": "lstm", "dominance": dominance(_rows())},  # the rules were unavailable
+    ]
+    assert count_dominated(results) == {
+        "dominated": 1,
+        "families": 2,
+        "names": ["gpt2"],
+        "target": 0,
+    }
+
+
+def test_the_noise_is_the_larger_pair_and_agreement_is_within_003() -> None:
+    from _budget_checks import noise
+
+    plain = [1.0, 1.0, 1.0]
+    times = {
+        "plain": plain,
+        "plain again": [1.02, 0.99, 1.01],  # median ratio 1.01
+        "budget 0.5": [1.20, 1.20, 1.20],
+        "budget 0.5 again": [1.25, 1.22, 1.26],  # median ratio 1.25: 0.05 apart
+    }
+    found = noise(times, "budget 0.5")
+    assert found["plain_vs_plain"] == pytest.approx(0.01)
+    assert found["plan_vs_plan"] == pytest.approx(0.05)
+    assert found["noise"] == pytest.approx(0.05) and not found["agreed"]
+    assert found["rounds"] == 3
+    times["budget 0.5 again"] = [1.21, 1.22, 1.19]
+    assert noise(times, "budget 0.5")["agreed"]
+    alone = noise(times, None)  # no 0.5 plan: the plain pair only
+    assert alone["plan_vs_plan"] is None and alone["noise"] == pytest.approx(0.01)
+
+
+def test_the_bench_takes_rounds_until_the_pairs_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_budget
+
+    seconds = iter([1.0, 1.3, 1.0, 1.0] * 3 + [1.0] * 400)  # the first rounds disagree
+    monkeypatch.setattr(bench_budget, "step", lambda case, model, backend: next(seconds))
+    models = dict.fromkeys(["plain", "plain again", "budget 0.5", "budget 0.5 again"])
+    args = bench_budget.parse_args(["--steps", "2", "--max-steps", "40", "--warmup", "0"])
+    times, found = bench_budget._time_rounds(None, models, list(models), None, args)
+    assert found["agreed"] and 2 < found["rounds"] < 40
+    assert all(len(series) == found["rounds"] for series in times.values())
+    args = bench_budget.parse_args(["--steps", "2", "--max-steps", "3", "--warmup", "0"])
+    seconds = iter([1.0, 1.3] * 400)
+    _, capped = bench_budget._time_rounds(None, models, list(models), None, args)
+    assert capped["rounds"] == 3 and not capped["agreed"]
