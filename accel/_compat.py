@@ -37,6 +37,7 @@ __all__ = [
     "keep_selective_cache_outside_hooks",
     "missing_use_reentrant_warning",
     "pin_memory",
+    "post_accumulate_hooks_run_without_gradient",
     "privateuse1_device_type",
     "selective_cache_allows_mutation",
     "selective_checkpoint_api",
@@ -408,3 +409,34 @@ def sdp_priority_order() -> tuple[str, ...]:
     read = getattr(torch._C, "_get_sdp_priority_order", None)
     order = [int(value) for value in read()] if callable(read) else [1, 2, 0, 3]
     return tuple(_SDP_NAMES[value] for value in order if 0 <= value < len(_SDP_NAMES))
+
+
+class _HandsOnNothing(torch.autograd.Function):
+    """An identity whose backward hands its input no gradient (for the probe below)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> None:
+        return None
+
+
+@functools.cache
+def post_accumulate_hooks_run_without_gradient() -> bool:
+    """Whether a leaf's post-accumulate-grad hooks run when backward hands it no gradient.
+
+    Older releases' ``AccumulateGrad`` returns before its hooks when the gradient is
+    undefined; 2.9.1 and 2.13.0 run them whenever the node runs. The release notes do not
+    say which release changed it, so it is probed once, on the host, with a one-element
+    leaf.
+    """
+    fired: list[bool] = []
+    leaf = torch.zeros(1, requires_grad=True)
+    hook = lambda tensor: fired.append(True)  # noqa: E731
+    leaf.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
+    with torch.enable_grad():
+        output = _HandsOnNothing.apply(leaf)  # type: ignore[no-untyped-call]
+        output.sum().backward()
+    return bool(fired)

@@ -19,7 +19,8 @@ from torch import nn
 
 from backends.cpu import CpuBackend
 from checkpointing._offload import copy_to_host, restore
-from offload import OffloadModel, _transfer, offload_parameters
+from offload import OffloadModel, offload_parameters
+from offload._core import transfer as offload_transfer
 
 
 class PinCountingBackend(CpuBackend):
@@ -69,8 +70,8 @@ def _trainer(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
 
 def measure(steps: int = 5, blocks: int = 6, width: int = 256, batch: int = 32) -> dict[str, Any]:
     """Return, per workload, host copies and host bytes allocated per step (after warm-up)."""
-    forced = _transfer.copies_needed
-    _transfer.copies_needed = lambda device, home: True  # type: ignore[assignment]
+    forced = offload_transfer.copies_needed
+    offload_transfer.copies_needed = lambda device, home: True  # type: ignore[assignment]
     try:
         backend = PinCountingBackend()
         x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1))
@@ -124,4 +125,4 @@ def measure(steps: int = 5, blocks: int = 6, width: int = 256, batch: int = 32) 
             "workloads": results,
         }
     finally:
-        _transfer.copies_needed = forced  # type: ignore[assignment]
+        offload_transfer.copies_needed = forced  # type: ignore[assignment]

@@ -28,6 +28,7 @@ EXPECTED = {
         "step_over_floor",
         "overlap_efficiency",
         "allocator_retries",
+        "backward_allocations_on_device",
         "faster_than_fsdp2",
         "speedup_vs_fairscale",
     ),

@@ -20,11 +20,17 @@ cap:
   child process with a time limit): see ``_offload_peers.py``. A peer that cannot run
   is recorded with the reason, never a crash;
 * the full step: the same host optimizer (SGD) for every wrapper, its time apart;
+* the device tensors of a weight's size or more that backward allocates, counted at the
+  dispatch level (``bench_backward_allocations.py``): on the host with every copy forced on,
+  for both wrappers and both strategies (every run, the smoke run included), and on the
+  device for ours (one more step after the timed ones);
 * a top-level ``summary`` (``step_over_floor``, ``overlap_efficiency``,
-  ``allocator_retries``, ``fsdp2_step_ratio``, ``fairscale_speedup``, ``device``) and the
-  targets, printed met or missed: forward plus backward <= 1.15x the copy floor; overlap
-  efficiency, max(compute, loads, stores) / forward plus backward, >= 0.85; no CUDA
-  allocator retries during our steps; faster than FSDP2; >= 2.5x fairscale.
+  ``allocator_retries``, ``backward_allocations``, ``backward_allocations_on_device``,
+  ``fsdp2_step_ratio``, ``fairscale_speedup``, ``device``) and the targets, printed met or
+  missed: forward plus backward <= 1.15x the copy floor; overlap efficiency, max(compute,
+  loads, stores) / forward plus backward, >= 0.85; no CUDA allocator retries during our
+  steps; no weight-sized allocation in our backward; faster than FSDP2; >= 2.5x
+  fairscale.
 
 ``--smoke`` runs the same path on the host with a tiny model and no cap (CI and tests:
 the JSON and its summary keys; figures that need a GPU are null, with a reason).
@@ -54,6 +60,7 @@ from typing import Any
 import torch
 from _offload_compare import OUT_OF_MEMORY, release_memory, speedup_target, time_under_caps
 from _report import print_table, write_results
+from bench_backward_allocations import device_figures, host_figures
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -375,6 +382,8 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
     retries = allocator_retries(backend)
     if retries is not None and retries_before is not None:
         retries -= retries_before
+    # One more step, its backward traced at the dispatch level (after the timed ones).
+    on_device = None if smoke else device_figures(backend, ours, x)
     del ours
     host_cache = release_memory(backend)
 
@@ -460,6 +469,12 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         ("variant", "fwd+bwd", "vs copy floor", "ours over it", "optimizer", "full step"),
         rows,
     )
+    on_host = host_figures()
+    print(
+        f"\nnew device tensors of a weight's size or more in backward, on the host with every "
+        f"copy forced on (both wrappers, both strategies): {on_host['count']}"
+        + ("" if on_device is None else f"; on {backend.name}, ours: {on_device['count']}")
+    )
 
     fsdp2_ratio = _ratio(step_time, medians.get("FSDP2 CPUOffloadPolicy"))
     fairscale_speedup = _ratio(medians.get("fairscale OffloadModel"), step_time)
@@ -468,6 +483,8 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         "step_over_floor": None if smoke else over_floor,
         "overlap_efficiency": None if smoke else overlap,
         "allocator_retries": retries,
+        "backward_allocations": on_host["count"],
+        "backward_allocations_on_device": None if on_device is None else on_device["count"],
         "fsdp2_step_ratio": fsdp2_ratio,
         "fairscale_speedup": fairscale_speedup,
         "device": torch.cuda.get_device_name(device) if cuda else backend.name,
@@ -475,6 +492,10 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
     if smoke:
         for key in ("step_over_floor", "overlap_efficiency"):
             reasons[key] = "No GPU: on the host nothing is copied, so there is no copy floor."
+        reasons["backward_allocations_on_device"] = (
+            "No GPU: on the host nothing is copied; backward_allocations counts the host "
+            "run with every copy forced on."
+        )
     if retries is None:
         reasons["allocator_retries"] = (
             f"The {backend.device_type} backend has no allocator retry counter (CUDA's only)."
@@ -487,8 +508,17 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
 
     targets: dict[str, Any] = {}
     if not smoke:
+        assert on_device is not None
         targets = device_targets(
-            over_floor, overlap, retries, fsdp2_ratio, medians, step_time, fairscale, fsdp2
+            over_floor,
+            overlap,
+            retries,
+            fsdp2_ratio,
+            medians,
+            step_time,
+            fairscale,
+            fsdp2,
+            on_device,
         )
         print()
         print_table(
@@ -530,6 +560,7 @@ def device_mode(backend: Accelerator, args: argparse.Namespace) -> dict[str, Any
         "optimizer_times_s": {name: t["optimizer"] for name, t in training.items()},
         "peak_device_bytes": peak,
         "allocator_retries_during_ours": retries,
+        "backward_allocations": {"host": on_host, "device": on_device},
         "fsdp2": fsdp2,
         "fairscale": fairscale,
         "deepspeed": deepspeed,
@@ -550,6 +581,7 @@ def device_targets(
     step_time: float,
     fairscale: dict[str, Any],
     fsdp2: dict[str, Any],
+    on_device: dict[str, Any],
 ) -> dict[str, Any]:
     """Every target of a device run; ``met`` is ``None`` where nothing was measured."""
     targets: dict[str, Any] = {
@@ -567,6 +599,12 @@ def device_targets(
             "value": retries,
             "target": 0,
             "met": None if retries is None else retries == 0,
+        },
+        "backward_allocations_on_device": {
+            "value": on_device["count"],
+            "target": 0,
+            "met": on_device["count"] == 0,
+            "note": f"device tensors of a weight's size or more in backward: {on_device['ops']}",
         },
         "faster_than_fsdp2": {
             "value": fsdp2_ratio,

@@ -341,8 +341,8 @@ DRY_RUN_STEPS: dict[str, list[str]] = {
     ],
 }  # fmt: skip
 SUMMARY_KEYS = (
-    "step_over_floor", "overlap_efficiency", "allocator_retries", "fsdp2_step_ratio",
-    "fairscale_speedup", "device",
+    "step_over_floor", "overlap_efficiency", "allocator_retries", "backward_allocations",
+    "backward_allocations_on_device", "fsdp2_step_ratio", "fairscale_speedup", "device",
 )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ protocol, so the same code runs on every backend: copies go on a copy stream mad
 ``backend.empty_pinned``, and ``backend.mark_step()`` flushes lazy graphs. On a backend
 without streams the copies simply run in order; when the device is the host nothing is
 copied at all. On a device whose tensors cannot take a host tensor's place (a lazy-tensor
-runtime's), parameters reach the device as differentiable copies (:mod:`offload._copies`).
+runtime's), parameters reach the device as differentiable copies (:mod:`offload._core.copies`).
 
 Example::
 
@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from ._engine import Engine
 from ._errors import OffloadConfigError, OffloadError, OffloadStateError, UnsupportedModelError
-from ._model import OffloadModel
-from ._params import ParameterOffload, offload_parameters
+from ._model.offload_model import OffloadModel
+from ._params.offload_parameters import ParameterOffload, offload_parameters
 from ._scaler import LossScaler
 from ._state import State
 

@@ -31,11 +31,11 @@ from torch import nn
 
 from accel import Accelerator
 
+from ._core.transfer import resolve_backend
 from ._errors import OffloadConfigError, OffloadError
-from ._model import OffloadModel
-from ._params import active_offloads
+from ._model.offload_model import OffloadModel
+from ._params.offload_parameters import active_offloads
 from ._scaler import LossScaler
-from ._transfer import resolve_backend
 
 __all__ = ["Engine"]
 

@@ -251,8 +251,8 @@ def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
     assert set(payload["median_step_s"]) >= {"offload.OffloadModel", "fairscale OffloadModel"}
     # Every target of a device run is judged, each as met, missed or not proven (None).
     assert set(payload["targets"]) == {
-        "step_over_floor", "overlap_efficiency", "allocator_retries", "faster_than_fsdp2",
-        "speedup_vs_fairscale",
+        "step_over_floor", "overlap_efficiency", "allocator_retries",
+        "backward_allocations_on_device", "faster_than_fsdp2", "speedup_vs_fairscale",
     }  # fmt: skip
     assert payload["targets"]["allocator_retries"]["met"] is None  # no CUDA counter here
     summary = payload["summary"]
@@ -335,7 +335,8 @@ def test_smoke_run_writes_the_summary_with_a_reason_for_every_missing_figure(
     (written,) = tmp_path.glob("offload-smoke-*.json")
     document = json.loads(written.read_text())
     summary = document["summary"]
-    keys = ("step_over_floor", "overlap_efficiency", "allocator_retries", "fsdp2_step_ratio",
+    keys = ("step_over_floor", "overlap_efficiency", "allocator_retries",
+            "backward_allocations", "backward_allocations_on_device", "fsdp2_step_ratio",
             "fairscale_speedup", "device")  # fmt: skip
     assert set(keys) <= set(summary)
     for key in keys:

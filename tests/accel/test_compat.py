@@ -61,3 +61,11 @@ def test_version_comparisons_live_in_compat_or_its_callers_only() -> None:
         "torch version checks outside accel/_compat.py (put the difference there, naming the "
         f"release): {offenders}"
     )
+
+
+def test_post_accumulate_hooks_without_a_gradient_are_probed_once() -> None:
+    answer = _compat.post_accumulate_hooks_run_without_gradient()
+    assert isinstance(answer, bool)
+    assert _compat.post_accumulate_hooks_run_without_gradient() is answer  # cached
+    if _compat.torch_release() >= (2, 9):  # 2.9.1 and 2.13.0 were checked by hand
+        assert answer

@@ -37,7 +37,7 @@ def test_a_wrong_type_is_a_sentence_naming_the_fix(bad: Any) -> None:
 
 def test_every_subsystem_answers_alike() -> None:
     from checkpointing._args import resolve_backend as checkpointing_backend
-    from offload._transfer import resolve_backend as offload_backend
+    from offload._core.transfer import resolve_backend as offload_backend
 
     assert offload_backend(None) is accel.get_backend()
     assert checkpointing_backend(None) is None  # chosen from the inputs when it runs

@@ -231,7 +231,7 @@ def test_offload_model_prefetches_the_next_slice_on_a_side_stream(
     # with streams, the next slice's copy runs on the copy stream while a slice computes.
     recording = RecordingBackend(backend)
     model = OffloadModel(_mlp(), num_slices=3, backend=recording)
-    assert model._copied is not None
+    assert model.strategy_name == "copy-parameters"
     plain = _mlp().to(backend.device())
     recording.clear()
     _assert_equal(_step(backend, model, model), _step(backend, plain, plain))

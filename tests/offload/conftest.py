@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from offload import _transfer
+from offload._core import transfer
 
 
 def _load_helper(name: str) -> None:
@@ -24,10 +24,12 @@ def _load_helper(name: str) -> None:
 
 # Clock streams and the race detector, for tests/offload/test_offload_streams.py.
 _load_helper("_offload_streamed")
+# The allocation tracer, for tests/offload/test_offload_allocations.py.
+_load_helper("_offload_allocations")
 
 
 def _always_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
+    monkeypatch.setattr(transfer, "copies_needed", lambda device, home: True)
 
 
 @pytest.fixture

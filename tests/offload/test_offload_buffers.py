@@ -19,7 +19,7 @@ from _offload_streamed import StreamedCpu, Timeline
 from torch import nn
 
 from offload import OffloadModel
-from offload._slices import Residency
+from offload._model.residency import Residency
 
 pytestmark = pytest.mark.usefixtures("copies")
 
@@ -77,7 +77,7 @@ def test_gradients_accumulate_in_fixed_memory_and_match(zero: bool) -> None:
     expected = run(make(), zero=zero)
     timeline = Timeline()
     model = OffloadModel(make(), num_slices=3, backend=StreamedCpu(timeline))
-    buffers = model._residency._buffers
+    buffers = model._strategy.residency._buffers
     where: list[int] = []
     for parameter in model.parameters():
         parameter.register_post_accumulate_grad_hook(
@@ -93,11 +93,11 @@ def test_gradients_accumulate_in_fixed_memory_and_match(zero: bool) -> None:
 def test_no_device_allocation_after_the_first_step() -> None:
     timeline = Timeline()
     model = OffloadModel(make(), num_slices=3, backend=StreamedCpu(timeline))
-    transfers = model._config.transfers
+    transfers = model._strategy.config.transfers
     x = batches()[0]
     with timeline:
         model(x).square().mean().backward()
-    buffers = model._residency._buffers
+    buffers = model._strategy.residency._buffers
     first = [
         (b.tensors[torch.float32].data_ptr(), b.grads[torch.float32].data_ptr()) for b in buffers
     ]

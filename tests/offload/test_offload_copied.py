@@ -2,7 +2,7 @@
 
 On such a device (PyTorch/XLA's) torch refuses to point a host parameter's ``.data`` at a
 device tensor, so offload loads parameters as differentiable copies
-(:mod:`offload._copies`). These tests run on every selected backend through the pytest
+(:mod:`offload._core.copies`). These tests run on every selected backend through the pytest
 plugin: on ``xla`` and ``openreg`` the path is the device's own; on a backend that can
 swap ``.data`` (cpu, cuda) it is forced, so the path is tested, bit-exact on the host, in
 every CI cell and on a GPU. The reference is
@@ -19,10 +19,7 @@ import pytest
 import torch
 from torch import nn
 
-import offload._copies
-import offload._model
-import offload._params
-import offload._transfer
+import offload._core.strategy
 from accel import Accelerator
 from checkpointing import apply_activation_checkpointing
 from offload import (
@@ -33,16 +30,15 @@ from offload import (
     State,
     offload_parameters,
 )
-from offload._copied_params import CopyParameters
+from offload._params.copied import CopyParameters
 
 
 @pytest.fixture
 def backend(accel_backend: Accelerator, monkeypatch: pytest.MonkeyPatch) -> Accelerator:
     """The backend under test, with offload on its copying path."""
-    if offload._copies.swaps_data(accel_backend.device()):
-        monkeypatch.setattr(offload._transfer, "copies_needed", lambda device, home: True)
-        for module in (offload._model, offload._params):
-            monkeypatch.setattr(module, "swaps_data", lambda device: False)
+    strategy = offload._core.strategy
+    if strategy.choose(accel_backend.device()) != strategy.COPY_PARAMETERS:
+        monkeypatch.setattr(strategy, "choose", lambda device, home=None: strategy.COPY_PARAMETERS)
     return accel_backend
 
 
@@ -90,7 +86,7 @@ def test_offload_model_equals_the_plain_model(
         num_microbatches=num_microbatches,
         backend=backend,
     )
-    assert model._copied is not None
+    assert model.strategy_name == "copy-parameters"
     buffers = list(model.buffers())
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1)).to(device)
     if num_microbatches == 1:

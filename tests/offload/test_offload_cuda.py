@@ -71,9 +71,10 @@ def test_peak_memory_is_two_slices_plus_activations(
     # Every layer keeps at most its input and its GELU input (fewer when checkpointed).
     activation = BATCH * WIDTH * 4
     activations = LAYERS * 2 * activation
-    # Backward's transients: autograd computes a layer's weight and bias gradients in
-    # fresh tensors before adding them into the slice's gradient buffer, beside up to
-    # three activation gradients (the layer's output, GELU's input, the layer's input).
+    # Backward's transients: up to three activation gradients (the layer's output, GELU's
+    # input, the layer's input), and at most one weight-sized tensor: the scratch a
+    # gradient accumulating into the slice's buffer goes through (weight gradients are
+    # written into the buffer, not allocated: see test_offload_allocations.py).
     layer_bytes = max(
         sum(p.numel() * p.element_size() for p in m.parameters())
         for m in model.modules()

@@ -20,7 +20,8 @@ import pytest
 import torch
 from torch import nn
 
-from offload import Engine, ParameterOffload, _transfer, offload_parameters
+from offload import Engine, ParameterOffload, offload_parameters
+from offload._core import transfer
 
 VOCAB, WIDTH, HEADS, LAYERS, CONTEXT = 48, 32, 4, 3, 12
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-7}
@@ -152,7 +153,7 @@ def test_gpt2_trains_offloaded_saves_and_continues_plain(
     plain_optimizer, plain_scheduler = optimizer_for(plain)
     plain_steps(plain, plain_optimizer, plain_scheduler, range(3))
 
-    monkeypatch.setattr(_transfer, "copies_needed", lambda device, home: True)
+    monkeypatch.setattr(transfer, "copies_needed", lambda device, home: True)
     model = build(0)
     offload_parameters(model)  # the handle is not kept: offloading stays in force
     optimizer, scheduler = optimizer_for(model)

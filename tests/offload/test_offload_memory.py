@@ -19,7 +19,7 @@ from torch import nn
 
 from checkpointing import checkpoint
 from offload import Engine, OffloadModel, State, offload_parameters
-from offload._swap import SwapData
+from offload._params.swap import SwapData
 
 STEPS = 200
 WARMUP = 20
@@ -69,7 +69,7 @@ def test_offload_model_memory_is_flat() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     engine = Engine(model, optimizer, gradient_accumulation_steps=2, loss_scale="dynamic")
     data = [torch.randn(8, 16, generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    pool = model._config.pool
+    pool = model._strategy.config.pool
 
     def step(index: int) -> None:
         engine.backward(engine(data[index % 4]).square().mean())
@@ -79,7 +79,7 @@ def test_offload_model_memory_is_flat() -> None:
     assert last == first, f"{last - first} tensors leaked over {STEPS - WARMUP} steps"
     assert traced < 256 * 1024, f"{traced} bytes of Python allocations kept"
     assert len(pool) <= 3  # one pinned buffer per slice input kept on the host, reused
-    assert not model._residency._grads
+    assert not model._strategy.residency._grads
     assert model.state is State.IDLE and model.is_home()
 
 

@@ -33,7 +33,7 @@ from offload import (
     State,
     UnsupportedModelError,
 )
-from offload._storage import partition
+from offload._model.slicing import partition
 
 GRAD_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 

@@ -18,8 +18,8 @@ from torch import nn
 import accel
 from checkpointing import checkpoint
 from offload import OffloadConfigError, OffloadStateError, State, offload_parameters
+from offload._params.swap import SwapData
 from offload._state import StateMachine
-from offload._swap import SwapData
 
 
 class Block(nn.Module):

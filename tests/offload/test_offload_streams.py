@@ -21,8 +21,8 @@ from torch import nn
 
 import accel
 from offload import OffloadModel, offload_parameters
-from offload._swap import SwapData
-from offload._transfer import Transfers
+from offload._core.transfer import Transfers
+from offload._params.swap import SwapData
 
 pytestmark = pytest.mark.usefixtures("copies")
 
@@ -88,7 +88,7 @@ WRAPPERS: dict[str, Callable[[StreamedCpu, bool, str], nn.Module]] = {
 
 def transfers_of(model: nn.Module) -> Transfers:
     if isinstance(model, OffloadModel):
-        return model._config.transfers
+        return model._strategy.config.transfers
     from offload import ParameterOffload
 
     handle = ParameterOffload.of(model)
@@ -160,6 +160,43 @@ def test_the_detector_sees_a_missing_wait(
     model = WRAPPERS[wrapper](StreamedCpu(timeline, copy_engines=2), False, "tied")
     train(model, timeline)
     assert timeline.races(), "a wait was removed, yet no race was found"
+
+
+def _wait_for_the_default_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies wait for the default stream instead of the current one."""
+
+    def compute_event(self: Transfers) -> Any:
+        return self.backend.timeline.compute.record_event()
+
+    def copy_waits_for_compute(self: Transfers, *, store: bool = False) -> None:
+        self._of(store).wait_stream(self.backend.timeline.compute)
+
+    monkeypatch.setattr(Transfers, "compute_event", compute_event)
+    monkeypatch.setattr(Transfers, "copy_waits_for_compute", copy_waits_for_compute)
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+@pytest.mark.parametrize("waits_for", ["current", "default"])
+def test_stores_wait_for_the_stream_that_computed_the_gradients(
+    wrapper: str, waits_for: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The whole step runs on a stream other than the default one. A store that waited for
+    # the default stream (DeepSpeed ZeRO-3's race until its PR #7898) could copy a
+    # gradient before backward wrote it; offload waits for the current stream.
+    if waits_for == "default":
+        _wait_for_the_default_stream(monkeypatch)
+    expected = train(make("tied"))
+    timeline = Timeline()
+    backend = StreamedCpu(timeline, copy_engines=2)
+    model = WRAPPERS[wrapper](backend, True, "tied")
+    with backend.stream(backend.Stream()):
+        got = train(model, timeline)
+    races = timeline.races()
+    if waits_for == "default":
+        assert races, "copies waited for the default stream, yet no race was found"
+    else:
+        assert not races, races[:3]
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 def test_parameter_offload_reuses_the_memory_of_dropped_units() -> None:

@@ -1,4 +1,4 @@
-"""OffloadModel's forward where parameters reach the device as copies (:mod:`offload._copies`).
+"""The ``"copy-parameters"`` strategy of :class:`offload.OffloadModel`: parameters as copies.
 
 Each slice runs its layers with device copies of its parameters and buffers put in
 their places; the copies' gradients return to the host parameters through autograd.
@@ -29,19 +29,21 @@ from accel import Accelerator
 from checkpointing import is_recomputing
 from checkpointing._checkpoint import run_checkpoint
 
-from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
-from ._copies import Slots, load, slots_of, substituted, unique, write_back
-from ._transfer import Transfers
+from .._core import strategy
+from .._core.copier import Copier, Group
+from .._core.copies import Slots, slots_of, substituted, unique, write_back
+from .._core.transfer import Transfers
+from .boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
 
-__all__ = ["CopiedSlices"]
+__all__ = ["CopySlices"]
 
 
-class CopiedSlices:
+class CopySlices:
     """The slices of an :class:`offload.OffloadModel` whose parameters travel as copies.
 
     Args:
         layers: The model's layers.
-        runs: Each slice's ``(start, stop)`` into ``layers``.
+        runs: Each slice's layers, as index ranges.
         backend: The backend (the checkpoints' RNG and host copies).
         device: The compute device.
         checkpoint_activation: Checkpoint each slice, its inputs kept in host memory.
@@ -52,7 +54,7 @@ class CopiedSlices:
     def __init__(
         self,
         layers: Sequence[nn.Module],
-        runs: Sequence[tuple[int, int]],
+        runs: Sequence[range],
         backend: Accelerator,
         device: torch.device,
         *,
@@ -61,17 +63,53 @@ class CopiedSlices:
         batched_kwargs: frozenset[str],
     ) -> None:
         self._slices: list[tuple[str, Sequence[nn.Module], Slots]] = []
-        for index, (start, stop) in enumerate(runs):
-            chunk = layers[start:stop]
-            span = f"layer {start}" if stop - 1 == start else f"layers {start}-{stop - 1}"
+        for index, run in enumerate(runs):
+            chunk = layers[run.start : run.stop]
+            last = run.stop - 1
+            span = f"layer {run.start}" if last == run.start else f"layers {run.start}-{last}"
             self._slices.append((f"slice {index} ({span})", chunk, slots_of(chunk)))
         self._backend = backend
         self._device = device
-        self._transfers = Transfers(backend) if backend.supports_streams else None
-        self._ahead: dict[int, tuple[list[torch.Tensor], Any]] = {}
+        self._copier = Copier(backend, device, Transfers(backend))
+        self._copier.reserve([t for _, _, slots in self._slices for t in unique(slots)])
+        self._prefetches = backend.supports_streams
+        self._ahead: dict[int, Group | None] = {}
         self._checkpoint = checkpoint_activation
         self._microbatches = num_microbatches
         self._batched = batched_kwargs
+
+    name: strategy.StrategyName = strategy.COPY_PARAMETERS
+
+    @property
+    def slice_bytes(self) -> tuple[int, ...]:
+        """Bytes of parameters and buffers in each slice."""
+        return tuple(
+            sum(t.numel() * t.element_size() for t in unique(slots)) for _, _, slots in self._slices
+        )
+
+    @property
+    def resident(self) -> tuple[int, ...]:
+        """Nothing: a slice's copies are not tracked once made (see the module docstring)."""
+        return ()
+
+    @property
+    def max_resident(self) -> int:
+        """Nothing is tracked: 0."""
+        return 0
+
+    def is_home(self) -> bool:
+        """Whether every parameter and buffer is in host memory (in its module)."""
+        return all(
+            tensor.device.type == "cpu"
+            and (module._parameters if is_parameter else module._buffers)[name] is tensor
+            for module, name, is_parameter, tensor in (
+                slot for _, _, slots in self._slices for slot in slots
+            )
+        )
+
+    def recover(self) -> None:
+        """Forget a prefetch left by a forward that did not finish."""
+        self._ahead.clear()
 
     def forward(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int | None
@@ -124,14 +162,14 @@ class CopiedSlices:
         name, layers, slots = self._slices[index]
         hosts = unique(slots)
         recomputing = is_recomputing()
-        ready = None if recomputing else self._take(index)
+        ready = None if recomputing else self._ahead.pop(index, None)
         if not recomputing:
             self._prefetch(index + 1)
-        loaded = load(self._device, hosts, ready)
+        loaded = self._copier.load(hosts, ready)
         copies = {id(host): copy for host, copy in zip(hosts, loaded, strict=True)}
         args, kwargs = unflatten(spec, tensors)
         returned_tuple = True
-        with substituted(slots, copies):
+        with substituted(slots, copies), self._copier.interception.active():
             for layer in layers:
                 out = layer(*args, **kwargs)
                 returned_tuple = isinstance(out, tuple)
@@ -144,26 +182,5 @@ class CopiedSlices:
 
     def _prefetch(self, index: int) -> None:
         """Copy slice ``index``'s tensors to the device on the copy stream, ahead of use."""
-        transfers = self._transfers
-        if transfers is None or index >= len(self._slices) or index in self._ahead:
-            return
-        hosts = unique(self._slices[index][2])
-        with torch.no_grad(), transfers.on_copy_stream():
-            copies = [
-                host.to(self._device, non_blocking=transfers.non_blocking, copy=True)
-                for host in hosts
-            ]
-        self._ahead[index] = (copies, transfers.copy_event())
-
-    def _take(self, index: int) -> list[torch.Tensor] | None:
-        """Slice ``index``'s prefetched copies, ordered before the compute stream's work."""
-        found = self._ahead.pop(index, None)
-        if found is None or self._transfers is None:
-            return None
-        copies, copied = found
-        self._transfers.compute_waits(copied)
-        compute = self._backend.current_stream()
-        for copy in copies:
-            # Allocated on the copy stream, used (and freed) on the compute stream.
-            self._transfers.used_by(copy, compute)
-        return copies
+        if self._prefetches and index < len(self._slices) and index not in self._ahead:
+            self._ahead[index] = self._copier.ahead(unique(self._slices[index][2]))

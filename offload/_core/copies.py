@@ -5,14 +5,17 @@ while it computes. torch allows that only between tensor types that can share a 
 copy; a device whose tensors are of another type (a lazy-tensor runtime's) refuses it
 with "incompatible tensor type". :func:`swaps_data` asks torch which case a device is.
 
-Where it is refused, the parameters stay host tensors and reach the device through
-:class:`Load`, an autograd Function: its forward copies the host tensors to the device
-and its backward sends their gradients back in one transfer per dtype. The layers
-compute with the copies (substituted for the parameters, see :func:`substituted`), and
-autograd accumulates the host gradients into the parameters' ``.grad`` as for any
-leaf: tied weights, gradient accumulation and ``register_post_accumulate_grad_hook``
-behave as without offload. Buffers are copied in (no gradient) and written back after
-the forward that updated them (:func:`write_back`).
+Where it is refused, the parameters stay host tensors and reach the device through an
+autograd Function whose forward copies the host tensors to the device and whose backward
+hands their gradients to the host tensors. The layers compute with the copies
+(substituted for the parameters, see :func:`substituted`), and autograd accumulates the
+host gradients into the parameters' ``.grad`` as for any leaf: tied weights, gradient
+accumulation and ``register_post_accumulate_grad_hook`` behave as without offload.
+Buffers are copied in (no gradient) and written back after the forward that updated them
+(:func:`write_back`). On a device that allocates eagerly the copies live in memory kept
+from step to step (:mod:`offload._core.copier`); on a lazy device they are made by
+:func:`load` (:class:`Load`'s backward sends the gradients home in one transfer per
+dtype).
 
 A copy a forward saves for its backward stays on the device until that backward; a
 checkpointed forward saves none, and its recomputation copies the parameters again.
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._errors import OffloadConfigError
+from .._errors import OffloadConfigError
 
 __all__ = [
     "Load",
@@ -64,12 +67,8 @@ class Load(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any, device: torch.device, ready: Sequence[torch.Tensor] | None, *hosts: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
+    def forward(ctx: Any, device: torch.device, *hosts: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.set_materialize_grads(False)
-        if ready is not None:  # copied ahead (prefetched): the copies are these
-            return tuple(ready)
         return tuple(host.to(device, copy=True) for host in hosts)
 
     @staticmethod
@@ -86,42 +85,22 @@ class Load(torch.autograd.Function):
             for k, piece, part in zip(positions, pieces, parts, strict=True):
                 assert part is not None
                 host[k] = piece.view(part.shape)
-        return (None, None, *host)
+        return (None, *host)
 
 
-def load(
-    device: torch.device,
-    tensors: Sequence[torch.Tensor],
-    ready: Sequence[torch.Tensor] | None = None,
-) -> list[torch.Tensor]:
+def load(device: torch.device, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Return device copies of ``tensors``, differentiable where that is needed.
 
     Through :class:`Load` where autograd records and a tensor requires grad; plain copies
-    otherwise (buffers, frozen parameters). ``ready`` holds copies made ahead, one per
-    tensor in order (a prefetch, already ordered before the current stream's work); they
-    are used instead of copying again.
+    otherwise (buffers, frozen parameters).
     """
-    if ready is None:
-        made: list[torch.Tensor] | None = None
-    else:
-        made = [copy.detach() for copy in ready]  # the ahead copies carry no history
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        positions = [k for k, t in enumerate(tensors) if t.requires_grad]
-        trainable = [tensors[k] for k in positions]
-        ahead = None if made is None else [made[k] for k in positions]
-        copies = iter(Load.apply(device, ahead, *trainable))
-        return [
-            next(copies) if t.requires_grad else _copy(t, device, made, k)
-            for k, t in enumerate(tensors)
-        ]
+        trainable = [t for t in tensors if t.requires_grad]
+        copies = iter(Load.apply(device, *trainable))
+        with torch.no_grad():
+            return [next(copies) if t.requires_grad else t.to(device, copy=True) for t in tensors]
     with torch.no_grad():
-        return [_copy(t, device, made, k) for k, t in enumerate(tensors)]
-
-
-def _copy(
-    tensor: torch.Tensor, device: torch.device, made: list[torch.Tensor] | None, index: int
-) -> torch.Tensor:
-    return tensor.to(device, copy=True) if made is None else made[index]
+        return [t.to(device, copy=True) for t in tensors]
 
 
 Slots = list[tuple[nn.Module, str, bool, torch.Tensor]]

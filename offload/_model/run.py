@@ -2,8 +2,8 @@
 
 :func:`run_slice` runs one slice of a forward. With autograd recording, the slice runs
 inside :class:`SliceFunction`, whose backward is the slice's whole backward
-(:meth:`offload._pass.SliceRun.backward`). Imports flow one way: ``_config`` (what a pass
-needs) <- ``_pass`` (one slice's run) <- ``_run`` <- ``_model``.
+(:meth:`offload._model.slice_run.SliceRun.backward`). Imports flow one way: ``config`` (what a pass
+needs) <- ``slice_run`` (one slice's run) <- ``run`` <- ``swapped``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._boundary import flatten, unflatten
-from ._config import Config, Pass
-from ._pass import SliceRun
+from .boundary import flatten, unflatten
+from .config import Config, Pass
+from .slice_run import SliceRun
 
 __all__ = [
     "INVALID_USE_MESSAGE",

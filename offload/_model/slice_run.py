@@ -1,7 +1,7 @@
 """One forward through the slices of an :class:`offload.OffloadModel`, and its backward.
 
-Each slice runs inside an autograd Function, :class:`offload._run.SliceFunction`
-(which imports this module; this one imports only :mod:`offload._config`). Its
+Each slice runs inside an autograd Function, :class:`offload._model.run.SliceFunction`
+(which imports this module; this one imports only :mod:`offload._model.config`). Its
 forward loads
 the slice (prefetching the next one), computes every micro-batch, and drops the slice;
 its backward loads the slice again (prefetching the previous one, and the previous
@@ -24,6 +24,7 @@ holds no memory until backward copies the values back).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,11 @@ import torch
 
 from checkpointing import checkpoint
 
-from ._boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
-from ._config import Config, Pass
-from ._errors import OffloadError
-from ._state import State
-from ._transfer import dense_stride, placeholder
+from .._core.transfer import dense_stride, placeholder
+from .._errors import OffloadError
+from .._state import State
+from .boundary import Spec, chunk_bounds, flatten, is_batched, merge, unflatten
+from .config import Config, Pass
 
 __all__ = ["SliceRun"]
 
@@ -181,10 +182,12 @@ class SliceRun:
     def _run_layers(self, tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], Spec]:
         args, kwargs = unflatten(self.spec, tensors)
         returned_tuple = True
-        for layer in self.storage.layers:
-            out = layer(*args, **kwargs)
-            returned_tuple = isinstance(out, tuple)
-            args = out if returned_tuple else (out,)
+        interception = self.config.interception
+        with interception.active() if interception is not None else nullcontext():
+            for layer in self.storage.layers:
+                out = layer(*args, **kwargs)
+                returned_tuple = isinstance(out, tuple)
+                args = out if returned_tuple else (out,)
         self.returned_tuple = returned_tuple
         return flatten(args, {}, where=f"a value returned by {self.storage.name}")
 

@@ -2,8 +2,9 @@
 
 Each chosen submodule becomes a *unit* whose own parameters are packed into page-locked
 host memory; hooks load a unit when its module runs, through one of the two strategies
-behind the handle (:mod:`offload._handle`): :mod:`offload._swap` swaps ``.data``,
-:mod:`offload._copied_params` loads differentiable copies. A
+behind the handle (:mod:`offload._params.handle`), named by
+:func:`offload._core.strategy.choose`: :mod:`offload._params.swap` swaps ``.data``,
+:mod:`offload._params.copied` loads differentiable copies. A
 parameter used by several chosen modules (tied weights: an embedding shared with the
 output projection) is packed once, in a *group* of its own, which every module using
 it loads while it runs; its gradient is the sum over its uses, accumulated on the device
@@ -19,16 +20,16 @@ from torch import nn
 
 from accel import Accelerator
 
-from . import _transfer
-from ._copied_params import CopyParameters
-from ._copies import require_host, swaps_data
-from ._errors import OffloadConfigError
-from ._handle import ParameterOffload, active_offloads, offloaded_roots
-from ._state import StateMachine
-from ._storage import SliceStorage, pack_in_blocks
-from ._swap import SwapData
-from ._transfer import Transfers, resolve_backend, resolve_device
-from ._units import Unit
+from .._core import strategy, transfer
+from .._core.copies import require_host
+from .._core.storage import SliceStorage, pack_in_blocks
+from .._core.transfer import Transfers, resolve_backend, resolve_device
+from .._errors import OffloadConfigError
+from .._state import StateMachine
+from .copied import CopyParameters
+from .handle import ParameterOffload, active_offloads, offloaded_roots
+from .swap import SwapData
+from .units import Unit
 
 __all__ = ["ParameterOffload", "active_offloads", "offload_parameters"]
 
@@ -157,8 +158,7 @@ def offload_parameters(
     else:
         chosen = [(m, list(m.parameters())) for m in modules]
     handle = ParameterOffload(module, backend=backend, device=compute_device, prefetch=prefetch)
-    copy = _transfer.copies_needed(compute_device, torch.device("cpu"))
-    if copy and not swaps_data(compute_device):
+    if strategy.choose(compute_device) == strategy.COPY_PARAMETERS:
         require_host(module, compute_device)
         names = _names(module)
         labelled = [
@@ -168,7 +168,8 @@ def offload_parameters(
         copies = CopyParameters(
             module, labelled, prefetch=prefetch, backend=backend, device=compute_device, keep=handle
         )
-        return handle.start(copies, "copy-parameters")
+        return handle.start(copies, strategy.COPY_PARAMETERS)
+    copy = transfer.copies_needed(compute_device, torch.device("cpu"))
     covered = {id(p) for _, params in chosen for p in params}
     origins: list[tuple[torch.Tensor, torch.device, tuple[int, ...]]] = [
         (t, t.device, t.stride()) for t in [*module.parameters(), *module.buffers()]
@@ -191,4 +192,4 @@ def offload_parameters(
         origins=origins,
         keep=handle,
     )
-    return handle.start(swap, "swap-data")
+    return handle.start(swap, strategy.SWAP_DATA)

@@ -3,7 +3,7 @@
 The host gradient the user holds receives a new gradient in place (as autograd
 accumulates into an existing ``.grad``); a parameter without one gets a view of new
 host memory, so a gradient handed out earlier is never written again. Storages placed in
-one pinned block (:func:`offload._storage.pack_in_blocks`) get their parts of a gradient
+one pinned block (:func:`offload._core.storage.pack_in_blocks`) get their parts of a gradient
 block of the same layout: one pinned allocation per dtype and pass instead of one per
 slice (each rounded up to a power of two by torch's host allocator).
 """
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ._storage import SliceStorage
-from ._transfer import Transfers
+from .storage import SliceStorage
+from .transfer import Transfers
 
 __all__ = ["HostGradients"]
 

@@ -3,10 +3,11 @@
 A *unit* is a submodule whose own parameters are packed into host memory, or a *group*:
 parameters shared by several units (tied weights), packed on their own and loaded
 whenever any module that uses them runs. :class:`Mover` loads a unit's parameters (and,
-for backward, its host gradients) on the copy stream, points the parameters at the
-device copies, and back; gradients go to the host as they are accumulated, into the
-tensor the user already holds when there is one (as autograd accumulates in place), else
-into a new one, so a gradient handed out is never rewritten by a later step.
+for backward, its host gradients) on the copy stream into device memory from a pool kept
+across steps, points the parameters at the device copies, and back; gradients go to the
+host as they are accumulated, into the tensor the user already holds when there is one
+(as autograd accumulates in place), else into a new one, so a gradient handed out is
+never rewritten by a later step.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel import _compat
-
-from ._state import StateMachine
-from ._storage import SliceStorage
-from ._transfer import Transfers, dense_stride
+from .._core.grads import Destination, Destinations, standalone
+from .._core.pool import DevicePool
+from .._core.storage import SliceStorage
+from .._core.transfer import Transfers, dense_stride
+from .._state import StateMachine
 
 __all__ = ["Mover", "Order", "Unit", "output_tensors", "restored"]
 
@@ -65,7 +66,12 @@ class Unit:
     cache_states: list[bool] = field(default_factory=list)
     flats: dict[torch.dtype, torch.Tensor] | None = None
     loaded: Any = None
+    # For backward: each parameter's device gradient (None: not loaded for backward),
+    # in gradient memory per dtype, and the host gradients held, loaded beside them.
     device_grads: dict[int, torch.Tensor] | None = None
+    grad_flats: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    held_flats: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    held: dict[int, torch.Tensor] = field(default_factory=dict)
     stashed: dict[int, torch.Tensor | None] = field(default_factory=dict)
     attached: bool = False
     fired: set[int] = field(default_factory=set)
@@ -79,6 +85,11 @@ class Unit:
 
 class Mover:
     """Moves units between their host storage and the device.
+
+    Device memory comes from a :class:`offload._core.pool.DevicePool` kept across steps:
+    a unit's parameters load into one flat tensor per dtype, and for backward its
+    gradients live in another, laid out the same way, preset as the parameters' ``.grad``
+    (and open in :attr:`destinations`), so backward writes or accumulates in place.
 
     Args:
         units: Every unit, indexed by ``unit.index``.
@@ -105,11 +116,9 @@ class Mover:
         self.prefetched: list[int] = []
         self.storage_owner: dict[int, tuple[int, torch.dtype]] = {}
         self.max_resident = 0
-        # Device memory of dropped units, with the compute event after its last use: a
-        # unit of the same size (the next transformer block) loads into it instead of
-        # asking the allocator. At most this many are kept; cleared between steps.
-        self._spare: list[tuple[torch.Tensor, Any]] = []
-        self._spare_limit = max(prefetch, 1) + 2
+        self.pool = DevicePool(transfers, device)
+        #: Where backward writes each parameter's gradient while its unit is attached.
+        self.destinations = Destinations()
 
     def resident(self) -> list[Unit]:
         """The units whose parameters are in (or on their way to) device memory."""
@@ -145,33 +154,50 @@ class Mover:
                 with transfers.on_copy_stream() as compute:
                     for dtype, flat in unit.storage.flats.items():
                         assert flat.host is not None
-                        device = self._reuse(dtype, flat.host.numel())
-                        if device is None:
-                            device = torch.empty(flat.host.numel(), dtype=dtype, device=self.device)
-                            transfers.used_by(device, compute)
+                        device = self.pool.take(dtype, flat.host.numel())
+                        transfers.used_by(device, compute)
                         device.copy_(flat.host, non_blocking=transfers.non_blocking)
                         unit.flats[dtype] = device
                 unit.loaded = transfers.copy_event()
             self.max_resident = max(self.max_resident, len(self.resident()))
         if grads and unit.device_grads is None:
-            unit.device_grads = {}
+            unit.device_grads, unit.grad_flats, unit.held_flats, unit.held = {}, {}, {}, {}
             if self.copy:
                 transfers.copy_waits(unit.stored)  # host gradients written on the store stream
                 with transfers.on_copy_stream() as compute:
-                    for parameter in unit.storage.parameters:
-                        host = unit.stashed.get(id(parameter)) if unit.attached else parameter.grad
-                        if host is None:
-                            continue
-                        device = torch.empty_strided(
-                            parameter.shape,
-                            dense_stride(parameter),
-                            dtype=host.dtype,
-                            device=self.device,
-                        )
-                        device.copy_(host, non_blocking=transfers.non_blocking)
-                        transfers.used_by(device, compute)
-                        unit.device_grads[id(parameter)] = device
+                    self._load_grads(unit, compute)
                 unit.loaded = transfers.copy_event()
+
+    def _load_grads(self, unit: Unit, compute: Any) -> None:
+        """Zero ``unit``'s gradient memory; load the host gradients held into memory beside it.
+
+        Backward then writes each parameter's gradient from zero, summing its uses in the
+        order autograd would, and :meth:`add_held` adds the held one once it is complete:
+        the plain model's ``held + sum of uses``, bit for bit.
+        """
+        assert unit.device_grads is not None
+        for dtype, flat in unit.storage.flats.items():
+            trainable = [e for e in flat.entries if e.is_parameter and e.tensor.requires_grad]
+            if not trainable:
+                continue
+            assert flat.host is not None
+            memory = self.pool.take(dtype, flat.host.numel())
+            self.transfers.used_by(memory, compute)
+            memory.zero_()
+            unit.grad_flats[dtype] = memory
+            held: torch.Tensor | None = None
+            for entry in trainable:
+                key = id(entry.tensor)
+                unit.device_grads[key] = standalone(entry.view(memory))
+                host = unit.stashed.get(key) if unit.attached else entry.tensor.grad
+                if host is None:
+                    continue
+                if held is None:
+                    held = self.pool.take(dtype, flat.host.numel())
+                    self.transfers.used_by(held, compute)
+                    unit.held_flats[dtype] = held
+                unit.held[key] = entry.view(held)
+                unit.held[key].copy_(host, non_blocking=self.transfers.non_blocking)
 
     def attach(self, unit: Unit) -> None:
         """Point ``unit``'s parameters at their device copies (after the copy finished)."""
@@ -190,10 +216,22 @@ class Mover:
             self.storage_owner[device.untyped_storage().data_ptr()] = (unit.index, dtype)
             for entry in flat.entries:
                 entry.tensor.data = entry.view(device)
+        self._open(unit)
+
+    def _open(self, unit: Unit) -> None:
+        """Preset the device gradients as ``.grad`` and open them as destinations."""
         for parameter in unit.storage.parameters:
             grad = (unit.device_grads or {}).get(id(parameter))
             if grad is not None:
                 parameter.grad = grad
+                self.destinations.open(id(parameter), Destination.empty(grad))
+
+    def add_held(self, unit: Unit, parameter: torch.Tensor) -> None:
+        """Add the host gradient held for ``parameter`` (loaded beside it) into its gradient."""
+        held = unit.held.pop(id(parameter), None)
+        if held is not None and parameter.grad is not None:
+            with torch.no_grad():
+                parameter.grad.add_(held)
 
     def grad_to_host(self, unit: Unit, parameter: torch.Tensor) -> None:
         """Copy ``parameter``'s accumulated device gradient to its host gradient.
@@ -224,6 +262,7 @@ class Mover:
         if not self.copy:
             return
         for parameter in unit.storage.parameters:
+            self.destinations.close(id(parameter))
             parameter.grad = None
         for entry in unit.storage.entries():
             entry.tensor.data = entry.home
@@ -231,37 +270,22 @@ class Mover:
             parameter.grad = unit.stashed.pop(id(parameter), None)
 
     def drop(self, unit: Unit) -> None:
-        """Release ``unit``'s device copies (it must be detached)."""
+        """Release ``unit``'s device memory to the pool (it must be detached)."""
         if unit.attached:
             return
         if unit.index in self.prefetched:
             self.prefetched.remove(unit.index)
-        if unit.flats is not None:
-            done = self.transfers.compute_event() if self.copy and unit.flats else None
+        if unit.flats:
+            done = self.transfers.compute_event() if self.copy else None
             for device in unit.flats.values():
                 self.storage_owner.pop(device.untyped_storage().data_ptr(), None)
-                self._spare.append((device, done))
-            del self._spare[: max(0, len(self._spare) - self._spare_limit)]
+                self.pool.release(device, [done])
+            for memory in [*unit.grad_flats.values(), *unit.held_flats.values()]:
+                self.pool.release(memory, [done, unit.stored])
         unit.flats = None
         unit.device_grads = None
+        unit.grad_flats, unit.held_flats, unit.held = {}, {}, {}
         unit.loaded = None
-
-    def _reuse(self, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
-        """A spare device tensor of ``dtype`` and ``numel``, once compute is done with it."""
-        for position, (device, done) in enumerate(self._spare):
-            if device.dtype == dtype and device.numel() == numel:
-                del self._spare[position]
-                if not _compat.sole_owner(device):
-                    # A tensor autograd (or a checkpoint) saved still views it: it is
-                    # freed when that tensor is, as without reuse.
-                    continue
-                self.transfers.copy_waits(done)
-                return device
-        return None
-
-    def clear_spare(self) -> None:
-        """Give the spare device memory back to the allocator (between steps)."""
-        self._spare.clear()
 
 
 def restored(tensor: torch.Tensor, device: torch.device, stride: tuple[int, ...]) -> torch.Tensor:

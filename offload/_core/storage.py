@@ -1,9 +1,9 @@
-"""Host storage of a slice: parameters and buffers packed into flat page-locked tensors.
+"""Host storage: parameters and buffers packed into flat page-locked tensors.
 
-A model is split into contiguous slices balanced by parameter bytes
-(:func:`partition`). Each slice's parameters and buffers are packed into one flat host
-tensor per dtype (:class:`SliceStorage`); the modules' tensors become views into it, so
-the optimizer updates the packed copy in place.
+Both wrappers pack what they offload (a slice of :class:`offload.OffloadModel`, a unit of
+:func:`offload.offload_parameters`) into one flat host tensor per dtype
+(:class:`SliceStorage`); the modules' tensors become views into it, so the optimizer
+updates the packed copy in place.
 
 :func:`pack_in_blocks` places every slice of a model in one page-locked block per dtype.
 torch's pinned host allocator rounds each request up to a power of two (and caches
@@ -20,60 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._transfer import Transfers, dense_stride
+from .transfer import Transfers, dense_stride
 
-__all__ = ["SliceStorage", "pack_in_blocks", "pack_slices", "partition"]
+__all__ = ["FlatLayout", "SliceStorage", "lay_out", "pack_in_blocks"]
 
 # Offsets inside a flat buffer are rounded up to this many bytes, the alignment torch's
 # allocators give a fresh tensor, so kernels see the alignment they would see anyway.
 _ALIGN_BYTES = 64
-
-
-def partition(sizes: Sequence[int], parts: int) -> list[range]:
-    """Split ``len(sizes)`` items into ``parts`` contiguous, non-empty runs.
-
-    The largest run total is as small as possible (the runs are balanced by size).
-
-    Args:
-        sizes: Non-negative item sizes (parameter bytes per layer).
-        parts: How many runs; ``1 <= parts <= len(sizes)``.
-
-    Returns:
-        The runs, as index ranges in order.
-    """
-    count = len(sizes)
-    if not 1 <= parts <= count:
-        raise ValueError(f"cannot split {count} items into {parts} non-empty runs")
-
-    def runs_for(cap: int) -> list[range]:
-        runs: list[range] = []
-        start, total = 0, 0
-        for index, size in enumerate(sizes):
-            if index > start and total + size > cap:
-                runs.append(range(start, index))
-                start, total = index, 0
-            total += size
-        runs.append(range(start, count))
-        return runs
-
-    low, high = max(sizes, default=0), sum(sizes)
-    while low < high:
-        middle = (low + high) // 2
-        if len(runs_for(middle)) <= parts:
-            high = middle
-        else:
-            low = middle + 1
-    runs = runs_for(low)
-    while len(runs) < parts:
-        # Split the longest run where the larger half is smallest; no run grows.
-        position = max(range(len(runs)), key=lambda k: (len(runs[k]) > 1, len(runs[k])))
-        run = runs[position]
-        best = min(
-            range(run.start + 1, run.stop),
-            key=lambda cut: max(sum(sizes[run.start : cut]), sum(sizes[cut : run.stop])),
-        )
-        runs[position : position + 1] = [range(run.start, best), range(best, run.stop)]
-    return runs
 
 
 @dataclass
@@ -97,7 +50,7 @@ def _span(size: torch.Size, stride: tuple[int, ...]) -> int:
 
 
 @dataclass
-class _Flat:
+class FlatLayout:
     """The entries of one dtype and the flat host tensor holding them."""
 
     dtype: torch.dtype
@@ -112,6 +65,19 @@ class _Flat:
         stride = dense_stride(tensor)
         self.entries.append(_Entry(tensor, offset, tensor.shape, stride, is_parameter))
         self.numel = offset + (_span(tensor.shape, stride) if tensor.numel() else 0)
+
+
+def lay_out(tensors: Sequence[torch.Tensor]) -> dict[torch.dtype, FlatLayout]:
+    """Where each of ``tensors`` would go in a flat tensor of its dtype (nothing allocated).
+
+    Each is placed at an aligned offset with its dense strides, as in :class:`SliceStorage`.
+    """
+    flats: dict[torch.dtype, FlatLayout] = {}
+    for tensor in tensors:
+        flats.setdefault(tensor.dtype, FlatLayout(tensor.dtype)).add(tensor, is_parameter=True)
+    for flat in flats.values():
+        flat.buffers_start = flat.numel
+    return flats
 
 
 class SliceStorage:
@@ -151,7 +117,7 @@ class SliceStorage:
         self.layers = list(layers)
         self.parameters: list[nn.Parameter] = _unique(parameters)
         self.buffers: list[torch.Tensor] = _unique(buffers)
-        self.flats: dict[torch.dtype, _Flat] = {}
+        self.flats: dict[torch.dtype, FlatLayout] = {}
         #: Per dtype, (offset, block numel) of this storage's flat inside the block
         #: :func:`pack_in_blocks` placed it in; empty for a storage allocated alone.
         self.block: dict[torch.dtype, tuple[int, int]] = {}
@@ -175,7 +141,7 @@ class SliceStorage:
     def _lay_out(self) -> None:
         for is_parameter, tensors in ((True, self.parameters), (False, self.buffers)):
             for tensor in tensors:
-                flat = self.flats.setdefault(tensor.dtype, _Flat(tensor.dtype))
+                flat = self.flats.setdefault(tensor.dtype, FlatLayout(tensor.dtype))
                 flat.add(tensor, is_parameter)
         for flat in self.flats.values():
             parameter_ends = [
@@ -249,64 +215,3 @@ def _unique(tensors: Any) -> list[Any]:
             seen.add(id(tensor))
             unique.append(tensor)
     return unique
-
-
-def pack_slices(
-    layers: Sequence[nn.Module], runs: Sequence[range], transfers: Transfers, *, copy: bool
-) -> tuple[list[SliceStorage], list[tuple[SliceStorage, list[int]]]]:
-    """Pack each slice of :class:`offload.OffloadModel`; tied tensors are packed once, apart.
-
-    Returns:
-        The slices' storages, and each storage of tensors used by several slices with
-        the indices of those slices.
-    """
-    users: dict[int, list[int]] = {}
-    tensors: dict[int, torch.Tensor] = {}
-    for index, run in enumerate(runs):
-        for layer in layers[run.start : run.stop]:
-            for tensor in [*layer.parameters(), *layer.buffers()]:
-                tensors[id(tensor)] = tensor
-                slices = users.setdefault(id(tensor), [])
-                if index not in slices:
-                    slices.append(index)
-    groups: dict[tuple[int, ...], list[torch.Tensor]] = {}
-    for key, slices in users.items():
-        if len(slices) > 1:
-            groups.setdefault(tuple(slices), []).append(tensors[key])
-    storages = []
-    for index, run in enumerate(runs):
-        chunk = layers[run.start : run.stop]
-        last = run.stop - 1
-        span = f"layer {run.start}" if last == run.start else f"layers {run.start}-{last}"
-        storages.append(
-            SliceStorage(
-                index,
-                f"slice {index} ({span})",
-                chunk,
-                [p for layer in chunk for p in layer.parameters() if len(users[id(p)]) == 1],
-                [b for layer in chunk for b in layer.buffers() if len(users[id(b)]) == 1],
-                transfers,
-                copy=copy,
-                allocate=False,
-            )
-        )
-    shared = []
-    for number, (users_of, group) in enumerate(groups.items()):
-        names = ", ".join(str(k) for k in users_of)
-        storage = SliceStorage(
-            len(runs) + number,
-            f"tensors shared by slices {names}",
-            [],
-            [t for t in group if isinstance(t, nn.Parameter)],
-            [t for t in group if not isinstance(t, nn.Parameter)],
-            transfers,
-            copy=copy,
-            allocate=False,
-        )
-        for k in users_of:
-            # A slice whose only trainable parameters are shared still needs its backward.
-            storages[k].trainable = storages[k].trainable or storage.trainable
-        shared.append((storage, list(users_of)))
-    if copy:
-        pack_in_blocks([*storages, *(storage for storage, _ in shared)], transfers)
-    return storages, shared

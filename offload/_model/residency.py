@@ -6,7 +6,9 @@ two slices are therefore in device memory at any time, loading slice ``i + 1`` o
 with computing slice ``i``, and tensors that autograd saved from slice ``i``'s
 parameters are valid again whenever slice ``i`` is loaded for its backward. A buffer is
 refilled only after the compute stream is done with its previous slice (an event), and
-compute uses a slice only after its copy finished (another event).
+compute uses a slice only after its copy finished (another event). While a slice is
+attached for backward its gradients' places in the buffer are open in
+:attr:`Residency.destinations`, where the layers write them (:mod:`offload._core.grads`).
 
 Tensors used by several slices (tied weights) are packed once, in a shared storage with
 a device buffer of its own: it is loaded and attached together with every slice that
@@ -22,9 +24,10 @@ from typing import Any
 
 import torch
 
-from ._host_grads import HostGradients
-from ._storage import SliceStorage
-from ._transfer import Transfers
+from .._core.grads import Destination, Destinations, standalone
+from .._core.host_grads import HostGradients
+from .._core.storage import SliceStorage
+from .._core.transfer import Transfers
 
 __all__ = ["Residency"]
 
@@ -105,6 +108,8 @@ class Residency:
         # running statistics): a load that reads that memory waits for it.
         self._stored: dict[int, Any] = {}
         self._host = HostGradients(self._storages, transfers)
+        #: Where backward writes each parameter's gradient while its slice is attached.
+        self.destinations = Destinations()
         self.max_resident = 0
         self._capacity: list[dict[torch.dtype, int]] = [{} for _ in self._buffers]
         for index, storage in enumerate(self._storages):
@@ -233,16 +238,7 @@ class Residency:
             for dtype, flat in storage.flats.items():
                 for entry in flat.entries:
                     if entry.is_parameter and entry.tensor.requires_grad:
-                        view = entry.view(buffer.grads[dtype])
-                        alone = torch.empty(0, dtype=dtype, device=view.device)
-                        with torch.no_grad():
-                            alone.set_(
-                                view.untyped_storage(),
-                                view.storage_offset(),
-                                view.shape,
-                                view.stride(),
-                            )
-                        views[id(entry.tensor)] = alone
+                        views[id(entry.tensor)] = standalone(entry.view(buffer.grads[dtype]))
             buffer.grad_views[storage.index] = views
         return views
 
@@ -296,9 +292,12 @@ class Residency:
         for entry, view in zip(entries, self._views(buffer, storage), strict=True):
             entry.tensor.data = view
         for parameter in storage.parameters:
-            device_grad = stash.device.get(id(parameter))
+            key = id(parameter)
+            device_grad = stash.device.get(key)
             if device_grad is not None:
                 parameter.grad = device_grad
+                empty = None if key in stash.loaded else device_grad._version
+                self.destinations.open(key, Destination(device_grad, empty))
 
     def detach(self, index: int, *, grads_to_host: bool, buffers_to_host: bool) -> None:
         """Point slice ``index``'s modules (and what it shares) back at host memory.
@@ -337,6 +336,7 @@ class Residency:
         new_grads: dict[int, torch.Tensor] = {}
         for parameter in storage.parameters:
             grad, key = parameter.grad, id(parameter)
+            self.destinations.close(key)
             # Skipped: a gradient buffer backward did not reach (the plain model's stays None).
             if (
                 grads_to_host

@@ -1,7 +1,7 @@
-"""``offload_parameters`` where parameters reach the device as copies (:mod:`offload._copies`).
+"""``offload_parameters`` where parameters reach the device as copies (:mod:`offload._core.copies`).
 
 A module's forward pre-hook loads its parameters (device copies through
-:class:`offload._copies.Load`) and puts the copies in their places; its forward
+:class:`offload._core.copies.Load`) and puts the copies in their places; its forward
 post-hook, which runs even when forward raises, puts back what was there. Nested units
 (a module and its children) therefore see their own copies and hand the outer ones
 back. Parameters of no chosen module are loaded by the root's hooks, for the whole
@@ -23,10 +23,12 @@ from torch import nn
 
 from accel import Accelerator
 
-from ._copies import Slots, load, slots_of, substituted, unique
-from ._errors import OffloadStateError
-from ._hooks import strong_hook, weak_hook
-from ._state import State
+from .._core.copier import Copier
+from .._core.copies import Slots, slots_of, substituted, unique
+from .._core.transfer import Transfers
+from .._errors import OffloadStateError
+from .._state import State
+from .hooks import strong_hook, weak_hook
 
 __all__ = ["CopyParameters"]
 
@@ -73,6 +75,8 @@ class CopyParameters:
         self.backend = backend
         self.device = device
         self.prefetch = prefetch
+        self._copier = Copier(backend, device, Transfers(backend))
+        self._copier.reserve([p for _, _, params in chosen for p in params])
         self._removed = False
         self._depth = 0
         self._peak = 0
@@ -154,7 +158,7 @@ class CopyParameters:
     # Hooks ----------------------------------------------------------------------------
 
     def _load(self, unit: _CopiedUnit) -> None:
-        copies = load(self.device, unit.hosts)
+        copies = self._copier.load(unit.hosts)
         if not self._order_done and unit.module is not None and torch.is_grad_enabled():
             first = next((c for c in copies if c.requires_grad), None)
             if first is not None:
@@ -163,6 +167,7 @@ class CopyParameters:
         stack.enter_context(
             substituted(unit.slots, dict(zip(map(id, unit.hosts), copies, strict=True)))
         )
+        stack.enter_context(self._copier.interception.active())
         unit.active.append(stack)
 
     def _unload(self, unit: _CopiedUnit) -> None:
@@ -203,6 +208,7 @@ class CopyParameters:
         for unit in [*self._units, self._rest]:
             while unit.active:
                 self._unload(unit)
+        self._copier.interception.reset()
         self._depth = 0
 
     def remove(self) -> None:
@@ -221,6 +227,7 @@ class CopyParameters:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._copier.pool.clear()
         with torch.no_grad():
             for table, name, home in self._buffers:
                 home.copy_(table[name].to(home.device))

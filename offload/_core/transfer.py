@@ -32,13 +32,14 @@ import torch
 import accel
 from accel import Accelerator, AccelError
 
-from ._errors import OffloadConfigError
+from .._errors import OffloadConfigError
 
 __all__ = [
     "HostPool",
     "Transfers",
     "copies_needed",
     "dense_stride",
+    "expanded_zeros",
     "placeholder",
     "resolve_backend",
     "resolve_device",
@@ -137,13 +138,18 @@ def placeholder(like: torch.Tensor) -> torch.Tensor:
     releases the tensor's memory while keeping the metadata autograd checks; reading
     it gives zeros, never freed memory.
     """
-    key = (like.dtype, like.device)
+    return expanded_zeros(like.shape, like.dtype, like.device)
+
+
+def expanded_zeros(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Return zeros of ``shape``: one cached zero element per dtype and device, expanded."""
+    key = (dtype, device)
     with _placeholder_lock:
         scalar = _placeholders.get(key)
         if scalar is None:
-            scalar = torch.zeros((), dtype=like.dtype, device=like.device)
+            scalar = torch.zeros((), dtype=dtype, device=device)
             _placeholders[key] = scalar
-    return scalar.expand(like.shape)
+    return scalar.expand(tuple(shape))
 
 
 class Transfers:

@@ -2,8 +2,8 @@
 
 :class:`Config` is everything a pass needs from its model; :class:`Pass` remembers one
 forward's slice runs (weakly), so that a slice's backward can prefetch the one before
-it. The runs themselves (:class:`offload._pass.SliceRun`) are seen here only through
-:class:`PassRun`, so imports flow one way: ``_config`` <- ``_pass`` <- ``_run``.
+it. The runs themselves (:class:`offload._model.slice_run.SliceRun`) are seen here only through
+:class:`PassRun`, so imports flow one way: ``config`` <- ``slice_run`` <- ``run``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import torch
 
 from accel import Accelerator
 
-from ._slices import Residency
-from ._state import StateMachine
-from ._storage import SliceStorage
-from ._transfer import HostPool, Transfers
+from .._core.intercept import Interception
+from .._core.storage import SliceStorage
+from .._core.transfer import HostPool, Transfers
+from .._state import StateMachine
+from .residency import Residency
 
 __all__ = ["Config", "Pass", "PassRun"]
 
@@ -50,6 +51,8 @@ class Config:
     copy: bool
     trainable_dummy: torch.Tensor
     frozen_dummy: torch.Tensor
+    #: The layers that write gradients in place (``None``: nothing is copied).
+    interception: Interception | None = None
 
 
 class Pass:

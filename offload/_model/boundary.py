@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ._errors import OffloadError
+from .._errors import OffloadError
 
 __all__ = ["Spec", "chunk_bounds", "flatten", "merge", "unflatten"]
 

@@ -3,9 +3,9 @@
 One handle, :class:`ParameterOffload`, whatever the device; what it does is one of two
 named strategies:
 
-* :class:`offload._swap.SwapData`: each parameter's ``.data`` is pointed at its device
+* :class:`offload._params.swap.SwapData`: each parameter's ``.data`` is pointed at its device
   copy while its module runs (CUDA, Gaudi, the host);
-* :class:`offload._copied_params.CopyParameters`: parameters reach the device as
+* :class:`offload._params.copied.CopyParameters`: parameters reach the device as
   differentiable copies, for a device whose tensors cannot take a host tensor's place
   (PyTorch/XLA, a PrivateUse1 device).
 
@@ -25,7 +25,7 @@ from torch import nn
 
 from accel import Accelerator
 
-from ._state import State
+from .._state import State
 
 __all__ = ["ParameterOffload", "Strategy", "active_offloads", "offloaded_roots"]
 

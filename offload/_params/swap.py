@@ -4,7 +4,7 @@ For a device whose tensors can take a host tensor's place (CUDA, Gaudi, the host
 parameter's ``.data`` is pointed at its device copy while its module runs.
 
 * the root's forward pre-hook starts a step (bringing back anything a failed step left
-  behind) and enters :class:`offload._saved.SavedTensors`, so that dropping a unit
+  behind) and enters :class:`offload._params.saved.SavedTensors`, so that dropping a unit
   really frees its device memory while the user's own saved-tensor hooks keep working;
 * a module's forward pre-hook loads its unit and the groups of shared parameters it
   uses (unless prefetched), prefetches the next ``prefetch`` units in execution order,
@@ -37,12 +37,14 @@ from torch.utils.hooks import RemovableHandle
 from accel import Accelerator
 from checkpointing import is_recomputing
 
-from ._errors import OffloadStateError
-from ._hooks import strong_hook, weak_hook
-from ._saved import Alias, SavedTensors
-from ._state import State
-from ._transfer import Transfers
-from ._units import Mover, Order, Unit, output_tensors, restored
+from .._core.grads import GradientSink
+from .._core.intercept import Interception
+from .._core.transfer import Transfers
+from .._errors import OffloadStateError
+from .._state import State
+from .hooks import strong_hook, weak_hook
+from .saved import Alias, SavedTensors
+from .units import Mover, Order, Unit, output_tensors, restored
 
 __all__ = ["SwapData"]
 
@@ -51,7 +53,7 @@ class SwapData:
     """Offloads by swapping each parameter's ``.data`` between host and device memory.
 
     The strategy behind :class:`offload.ParameterOffload` on devices that allow it (see
-    :func:`offload._copies.swaps_data`); the handle forwards its public surface here.
+    :func:`offload._core.copies.swaps_data`); the handle forwards its public surface here.
 
     Args:
         module: The model.
@@ -88,6 +90,11 @@ class SwapData:
         self._origins = origins
         self._owner = {id(p): unit for unit in units for p in unit.storage.parameters}
         self._mover = Mover(units, transfers, device, prefetch=prefetch, copy=copy)
+        self._interception: Interception | None = None
+        if copy:  # gradients go straight into the units' gradient memory (see Mover)
+            parameters = [p for unit in units for p in unit.storage.parameters]
+            sink = GradientSink.of_parameters(parameters, self._mover.destinations)
+            self._interception = Interception(sink)
         self._saved = SavedTensors(device, self._mover.storage_owner, self._alias_view)
         self._forward_order = Order()
         self._backward_order = Order()
@@ -197,19 +204,17 @@ class SwapData:
         for unit in self._units:
             if not unit.attached:
                 self._mover.drop(unit)
-        backward = False
         if output is not None and torch.is_grad_enabled():
             for tensor in output_tensors(output):
                 if tensor.requires_grad:
-                    backward = True
                     tensor.register_hook(weak_hook(self, "_root_pre_backward"))
-        if not backward:
-            self._mover.clear_spare()  # no backward to reuse it: the step ends here
 
     def _pre_forward(self, module: nn.Module, args: Any, unit: Unit) -> None:
         if self._copy:
             unit.cache_states.append(torch.is_autocast_cache_enabled())
             torch.set_autocast_cache_enabled(False)
+        if self._interception is not None:
+            self._interception.enter()
         for used in (unit, *unit.groups):
             self._use(used)
 
@@ -234,6 +239,8 @@ class SwapData:
     def _post_forward(self, module: nn.Module, args: Any, output: Any, unit: Unit) -> None:
         if unit.cache_states:
             torch.set_autocast_cache_enabled(unit.cache_states.pop())
+        if self._interception is not None:
+            self._interception.exit()
         for used in (*reversed(unit.groups), unit):
             self._release(used, output)
 
@@ -291,6 +298,7 @@ class SwapData:
                 "forward (read other modules' outputs, not their parameters), then call "
                 "recover()."
             )
+        self._mover.add_held(unit, parameter)
         self._mover.grad_to_host(unit, parameter)
         unit.fired.add(id(parameter))
         if unit.fired >= unit.trainable:
@@ -307,7 +315,6 @@ class SwapData:
                 unit.machine.enter(State.IDLE, why="backward finished")
             self._mover.detach(unit)
             self._mover.drop(unit)
-        self._mover.clear_spare()
         self._mover.transfers.wait_host()
         if forward:
             for unit in self._units:
@@ -344,9 +351,10 @@ class SwapData:
             while unit.cache_states:
                 torch.set_autocast_cache_enabled(unit.cache_states.pop())
         self._saved.exit()
+        if self._interception is not None:
+            self._interception.reset()
         self._depth = 0
         self._callback_queued = False
-        self._mover.clear_spare()
         self._mover.transfers.wait_host()
 
     def remove(self) -> None:
@@ -365,8 +373,8 @@ class SwapData:
                 f"offload: cannot remove the parameter offload while the model is in "
                 f"{self.state.name}; call remove() between steps (or recover() first)."
             )
-        self._mover.clear_spare()
         self._mover.transfers.wait_host()
+        self._mover.pool.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

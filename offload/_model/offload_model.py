@@ -2,11 +2,10 @@
 
 The model is split into slices balanced by parameter bytes. The slices live in pinned
 host memory and come to the device one at a time, in forward and again in backward,
-the next one loading on a copy stream while the current one computes (see
-:mod:`offload._slices` for the double buffering, :mod:`offload._run` and
-:mod:`offload._pass` for the per-slice autograd Function). Gradients are copied back
-to the host as each slice's backward ends, so an optimizer over the host parameters
-can step right after ``backward`` returns.
+the next one loading on a copy stream while the current one computes; how, is one of
+two strategies (:mod:`offload._model.strategies`). Gradients are copied back to the host
+as each slice's backward ends, so an optimizer over the host parameters can step right
+after ``backward`` returns.
 """
 
 from __future__ import annotations
@@ -20,16 +19,12 @@ from torch import nn
 from accel import Accelerator
 from checkpointing._state_dict import keep_plain_keys
 
-from . import _transfer
-from ._config import Config, Pass
-from ._copied_model import CopiedSlices
-from ._copies import require_host, swaps_data
-from ._errors import OffloadConfigError, OffloadError, UnsupportedModelError
-from ._run import parameter_bytes, run_slice
-from ._slices import Residency
-from ._state import State, StateMachine
-from ._storage import pack_slices, partition
-from ._transfer import HostPool, Transfers, resolve_backend, resolve_device
+from .._core.transfer import resolve_backend, resolve_device
+from .._errors import OffloadConfigError, OffloadError, UnsupportedModelError
+from .._state import State, StateMachine
+from .run import parameter_bytes
+from .slicing import partition
+from .strategies import SliceStrategy, make_strategy
 
 __all__ = ["OffloadModel"]
 
@@ -112,10 +107,14 @@ class OffloadModel(nn.Module):
             backend cannot use, a non-host ``offload_device``, a bad ``backend`` or
             ``batched_kwargs``.
 
-    On a device whose tensors cannot take a host tensor's place (a lazy-tensor runtime's),
-    the slices load their parameters as differentiable copies instead of double buffers (see
-    :mod:`offload._copies`); ``resident_slices`` and ``max_resident_slices`` then count
-    nothing, and the model must be built on the host.
+    How slices reach the device is :attr:`strategy_name`: ``"swap-data"`` (the double
+    buffers above) or, on a device whose tensors cannot take a host tensor's place (a
+    lazy-tensor runtime's, a PrivateUse1 device's), ``"copy-parameters"``: the slices
+    load their parameters as differentiable copies (see :mod:`offload._core.copies`);
+    ``resident_slices`` and ``max_resident_slices`` then count nothing, and the model
+    must be built on the host. Either way the linear and embedding layers write their
+    weights' gradients straight into device memory kept from step to step
+    (:mod:`offload._core.grads`).
 
     Limitations: backward is ``loss.backward()`` (or :meth:`offload.Engine.backward`),
     not ``torch.autograd.grad``; one backward per forward; a slice's first layer must
@@ -168,47 +167,24 @@ class OffloadModel(nn.Module):
                 f"offload: offload_device must be host memory ('cpu'), got {str(home)!r}."
             )
         self.module = model if isinstance(model, nn.Sequential) else nn.ModuleList(layers)
-        copy = _transfer.copies_needed(compute_device, home)
-        if not copy:
-            self.module.to(compute_device)
         runs = partition([parameter_bytes(layer) for layer in layers], num_slices)
-        self._copied: CopiedSlices | None = None
-        if copy and not swaps_data(compute_device):
-            require_host(self.module, compute_device)
-            copy = False  # no packing or device buffers: each slice copies its own tensors
-            self._copied = CopiedSlices(
-                layers,
-                [(run.start, run.stop) for run in runs],
-                backend,
-                compute_device,
-                checkpoint_activation=bool(checkpoint_activation),
-                num_microbatches=num_microbatches,
-                batched_kwargs=batched,
-            )
-        transfers = Transfers(backend)
-        storages, shared = pack_slices(layers, runs, transfers, copy=copy)
-        self._backend = backend
-        self._device = compute_device
-        self._offload_device = home
-        self._runs = tuple((run.start, run.stop) for run in runs)
-        self._storages = storages
         self._state = StateMachine("OffloadModel")
-        self._residency = Residency(storages, transfers, compute_device, copy=copy, shared=shared)
-        self._config = Config(
+        self._strategy: SliceStrategy = make_strategy(
+            self.module,
+            layers,
+            runs,
             backend=backend,
             device=compute_device,
-            slices=storages,
-            residency=self._residency,
-            transfers=transfers,
-            pool=HostPool(transfers),
+            home=home,
             state=self._state,
             checkpoint_activation=bool(checkpoint_activation),
             num_microbatches=num_microbatches,
             batched_kwargs=batched,
-            copy=copy,
-            trainable_dummy=torch.empty(0, requires_grad=True),
-            frozen_dummy=torch.empty(0),
         )
+        self._backend = backend
+        self._device = compute_device
+        self._offload_device = home
+        self._runs = tuple((run.start, run.stop) for run in runs)
         self.num_slices = num_slices
         self.checkpoint_activation = bool(checkpoint_activation)
         self.num_microbatches = num_microbatches
@@ -240,17 +216,22 @@ class OffloadModel(nn.Module):
     @property
     def slice_bytes(self) -> tuple[int, ...]:
         """Bytes of parameters and buffers in each slice."""
-        return tuple(storage.nbytes for storage in self._storages)
+        return self._strategy.slice_bytes
 
     @property
     def resident_slices(self) -> tuple[int, ...]:
         """Indices of the slices whose parameters are in device memory now (at most two)."""
-        return self._residency.resident
+        return self._strategy.resident
 
     @property
     def max_resident_slices(self) -> int:
         """The most slices that were in device memory at once since construction."""
-        return self._residency.max_resident
+        return self._strategy.max_resident
+
+    @property
+    def strategy_name(self) -> str:
+        """How slices reach the device: ``"swap-data"`` or ``"copy-parameters"``."""
+        return self._strategy.name
 
     @property
     def state(self) -> State:
@@ -293,30 +274,13 @@ class OffloadModel(nn.Module):
                 f"{self.num_microbatches} rows, or build the model with num_microbatches <= "
                 f"{batch}."
             )
-        self._residency.invalidate()
-        self._residency.drop_pending()
         self._state.enter(State.FORWARD, why="forward started")
-        if self._copied is not None:
-            try:
-                result, single = self._copied.forward(
-                    args, kwargs, batch if self.num_microbatches > 1 else None
-                )
-            except BaseException:
-                self._state.reset()
-                raise
-            self._state.enter(State.IDLE, why="forward finished")
-            return result[0] if not single and len(result) == 1 else result
-        pass_ = Pass(self._config, batch if self.num_microbatches > 1 else None)
-        values: tuple[Any, ...] = args
-        returned_tuple = True
         try:
-            for index in range(len(self._storages)):
-                values, run = run_slice(self._config, pass_, index, values, kwargs)
-                returned_tuple = run.returned_tuple
-            if any(storage.buffers for storage in self._storages) or not torch.is_grad_enabled():
-                self._config.transfers.wait_host()
+            values, returned_tuple = self._strategy.forward(
+                args, kwargs, batch if self.num_microbatches > 1 else None
+            )
         except BaseException:
-            self._abort(buffers_to_host=True)
+            self._state.reset()
             raise
         self._state.enter(State.IDLE, why="forward finished")
         if not returned_tuple and len(values) == 1:
@@ -328,21 +292,18 @@ class OffloadModel(nn.Module):
             return value.to(self._device, non_blocking=True)
         return value
 
-    def _abort(self, *, buffers_to_host: bool) -> None:
-        self._residency.release_all(buffers_to_host=buffers_to_host)
-        self._state.reset()
-
     def recover(self) -> None:
         """Bring every parameter and gradient back to host memory and the state to IDLE.
 
         Forward and backward do this themselves when they fail; call it after an
         exception elsewhere in a step (the next forward also does it).
         """
-        self._abort(buffers_to_host=False)
+        self._strategy.recover()
+        self._state.reset()
 
     def is_home(self) -> bool:
         """Whether every parameter and buffer is in its host memory (true between steps)."""
-        return not self._residency.attached and all(s.is_home() for s in self._storages)
+        return self._strategy.is_home()
 
     def _apply(self, fn: Any, recurse: bool = True) -> OffloadModel:
         raise OffloadError(
