@@ -158,7 +158,7 @@ def _apply_budget(
     if example_inputs is None:
         raise ValueError(
             "checkpointing: memory_budget needs example_inputs, a tuple of the model's "
-            "arguments for one training step, to measure activation memory and time. "
+            "arguments for one training step, to profile its activation memory and operators. "
             "Pass example_inputs=(batch,)."
         )
     plan = plan_checkpointing(model, example_inputs, memory_budget, backend=backend)

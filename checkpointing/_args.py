@@ -132,6 +132,6 @@ def validate_planned(model: Any, example_inputs: Any) -> None:
             "checkpointing: the model is in evaluation mode (model.training is False), so "
             "the profiled step would skip dropout and use batch norm's running statistics: "
             "a plan made from it does not match a training step (its saved tensors and "
-            "operator calls differ) and the memory it measures is not training's. Call "
+            "operator calls differ) and the memory it counts is not training's. Call "
             "model.train() before planning, and plan the step you will train."
         )

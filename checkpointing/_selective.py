@@ -9,7 +9,7 @@ of some operators and lets everything else be recomputed in backward. Two polici
   normalisation, softmax and reshapes. With ``every_second_mm``, torchtitan's rule:
   the 2nd, 4th, ... ``aten.mm`` of each module call is recomputed too
   (:func:`alternated`);
-* by measured call (:func:`kept_calls_context_fn`): keep exactly the calls the
+* by chosen call (:func:`kept_calls_context_fn`): keep exactly the calls the
   planner chose from a profiled step (:mod:`._kept_ops`), named by operator and
   occurrence. In the forward a guard checks the rules that keep the recomputation
   exact (in-place writes stay inside kept units; random draws are kept as a suffix)

@@ -24,7 +24,7 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
     By default the outputs of matrix products, convolutions and attention are kept and
     pointwise operators, dropout and normalisation are recomputed in backward. With
     ``kept_calls``, exactly those ``(operator, occurrence)`` calls are kept (a plan's
-    measured choice). With ``every_second_mm``, the 2nd, 4th, ... ``aten.mm`` of each
+    chosen calls). With ``every_second_mm``, the 2nd, 4th, ... ``aten.mm`` of each
     call is recomputed too (torchtitan's rule). Always the non-reentrant variant (a
     selective policy needs it).
     """
@@ -70,7 +70,7 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
 
     def extra_repr(self) -> str:
         if self.kept_calls is not None:
-            return f"selective: {len(self.kept_calls)} measured operator calls kept"
+            return f"selective: {len(self.kept_calls)} chosen operator calls kept"
         if self.every_second_mm:
             return "selective: matmul and attention outputs kept, but every second mm"
         return "selective: matmul and attention outputs kept"

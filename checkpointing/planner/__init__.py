@@ -1,22 +1,30 @@
 """The memory-budget planner: the fastest checkpointing that fits a memory budget.
 
-Its modules are its stages, in the order :func:`plan_checkpointing` (``_planning``)
-runs them: ``_profile`` records one step on fake tensors into ``_records``; ``_cost``
-prices each operator call from FLOPs and bytes at a device's rates; ``_options`` lists
-the ways to checkpoint each module call (with ``_saved_grain`` and ``_kept_ops``);
-``_search`` finds the combination that fits in the least time; ``_plan`` is the plan
-(print, apply; ``_signature`` checks what it is applied to, ``_store`` writes its JSON);
-``_agree`` gives every rank of a ``torch.distributed`` group rank 0's plan;
-``_measure_step`` runs one real step under a plan against its figures
-(:meth:`CheckpointPlan.measure`). On request
-only, ``_calibrate`` measures and caches a device's rates (with ``_stopwatch``, the one
-module that reads a clock, and ``_operator_rates`` for a model's own operators).
+:func:`plan_checkpointing` (``_planning``) runs these stages, one module each:
+
+1. rates: the :class:`DeviceRates` given, else this host's cache of calibrated rates,
+   else the built-in ones (``_default_rates``; the plan's note names a cache it read);
+2. profile: one training step on fake tensors records, per module call, what autograd
+   saves and every operator call (``_profile``, into ``_records``), each call priced as
+   it is recorded by the cost model: FLOPs and bytes at the rates (``_cost``);
+3. options: the ways to checkpoint each module call, with the bytes each keeps and the
+   seconds it costs (``_options``, with ``_saved_grain`` and ``_kept_ops``);
+4. search: the combination that fits the budget in the least estimated time
+   (``_search``);
+5. plan: the :class:`CheckpointPlan` (``_plan``), which prints, saves (``_store``),
+   loads, checks what it is applied to (``_signature``), applies, and measures one real
+   step against its figures (``_measure_step``);
+6. agree: under ``torch.distributed`` every rank takes rank 0's plan (``_agree``).
+
+On request only, ``_calibration`` measures a device's rates (:func:`calibrate_rates`)
+and caches them for stage 1; its ``_stopwatch`` is the one module that reads a clock.
 """
 
 from __future__ import annotations
 
-from ._calibrate import calibrate_rates, default_rates, rates_cache_path
+from ._calibration import calibrate_rates
 from ._cost import DeviceRates, builtin_rates
+from ._default_rates import default_rates, rates_cache_path
 from ._measure_step import PlanMeasurement
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._planning import plan_checkpointing

@@ -14,9 +14,10 @@ rate per class (matmul, attention, convolution), one byte rate for random draws,
 default byte rate for everything else, and a byte rate per operator where one is known
 (a layer norm or a GELU reads its bytes several times over). The rates are a
 :class:`DeviceRates`: the built-in table for the device type (:func:`builtin_rates`),
-rates calibrated on the device and cached (:mod:`._calibrate`), or the user's. They
-are inputs to the plan and recorded in it, so that the same model, shapes, dtypes,
-budget and rates give the same plan in every process, under any load.
+rates calibrated on the device (:mod:`._calibration`) and cached for the host, which
+:func:`._default_rates.default_rates` prefers to the table, or the user's. They are
+inputs to the plan and recorded in it, so that the same model, shapes, dtypes, budget
+and rates give the same plan in every process, under any load.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Measured operator grain: which operator outputs a selective checkpoint keeps.
+"""The chosen-calls grain: which operator outputs a selective checkpoint keeps.
 
 From a module's profiled operator calls (:class:`._profile.OpCall`) the outputs that
 can be kept come in *units*: an operator call that creates storage, together with the

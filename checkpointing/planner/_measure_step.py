@@ -27,9 +27,9 @@ from .._measure import LiveActivationMeter, SavedTensorMeter, held_bytes
 from .._root import root_checkpointed
 from .._steps import backward, call_model, tensors_of, untouched
 from .._wrapper import CheckpointWrapper
+from ._calibration._stopwatch import Sizes, best_times
 from ._records import module_name
 from ._signature import check_inputs
-from ._stopwatch import Sizes, best_times
 
 __all__ = ["TIMED_ROUNDS", "TOLERANCE", "PlanMeasurement", "measure_plan"]
 

@@ -10,15 +10,15 @@ prefix of its greedy drop and pack units (:mod:`._saved_grain`); the whole modul
 its inputs); a selective checkpoint by operator class (keep matmul and attention outputs,
 :mod:`._selective`), and the same with torchtitan's rule where the call runs two
 ``aten.mm`` or more (every second ``mm`` recomputed too); and one selective checkpoint
-per prefix of the measured units (:mod:`._kept_ops`). Each option's bytes saved are
-exclusive to the module call; its time is the cost model's estimate of the
-recomputation (:mod:`._cost`), with the selective policy's or the saved-tensor hooks'
-own overhead per call added.
+per prefix of its units in greedy order, keeping the chosen calls (:mod:`._kept_ops`).
+Each option's bytes saved are exclusive to the module call; its time is the cost
+model's estimate of the recomputation (:mod:`._cost`), with the selective policy's or
+the saved-tensor hooks' own overhead per call added.
 Modules that contain batch norm in training (running statistics) get no selective
 option: the recomputation gives such modules fresh buffers, a call the selective
 policy never saw in the forward. Modules that call an operator whose output shape or
 value the data decides (``nonzero``, ``masked_select``, ``item``: mixture-of-experts
-routing) get neither a saved-tensor nor a measured option, whose recorded positions
+routing) get neither a saved-tensor nor a chosen-calls option, whose recorded positions
 and occurrences would not hold in another step.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from accel._compat import selective_cache_allows_mutation
 
-from .._decisions import ALTERNATE, FULL, MEASURED, SAVED, SELECTIVE
+from .._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
 from .._replay import counted
 from .._saved_plan import DROP, PACK
 from .._selective import alternated
@@ -70,7 +70,7 @@ def storage_bytes(profile: StepProfile, indices: Iterable[int]) -> int:
 
 
 def _kept_summary(units: list[Unit]) -> str:
-    """``ops kept: addmm x3, bernoulli_ x2``: what a measured option keeps, by label."""
+    """``ops kept: addmm x3, bernoulli_ x2``: what a chosen-calls option keeps, by label."""
     return "ops kept: " + counted(unit.label for unit in units)
 
 
@@ -157,14 +157,14 @@ def _options(profile: StepProfile, name: str, selective: bool) -> list[Option]:
     if halved:  # without a second mm it is the class policy itself: not offered twice
         kind = "ops: pointwise, dropout, norm, every second mm"
         options.append(by_class(ALTERNATE, kind, halved))
-    measured = find_units(record.ops, selective_cache_allows_mutation()) if stable else []
-    for numbers in keep_options(measured, profile.storage_bytes, record.inputs):
-        chosen = [measured[number] for number in numbers]
+    units = find_units(record.ops, selective_cache_allows_mutation()) if stable else []
+    for numbers in keep_options(units, profile.storage_bytes, record.inputs):
+        chosen = [units[number] for number in numbers]
         kept_calls = tuple(sorted(call for unit in chosen for call in unit.calls))
         recompute = max(record.forward_time - sum(unit.seconds for unit in chosen), 0.0)
         options.append(
             option(
-                MEASURED,
+                CHOSEN,
                 recompute
                 + rates.policy_call_seconds * calls
                 + rates.policy_kept_seconds * len(kept_calls),

@@ -20,7 +20,7 @@ from torch import nn
 from accel import Accelerator
 
 from .._caches import switch_off_kv_cache
-from .._decisions import ALTERNATE, FULL, MEASURED, SAVED, SELECTIVE
+from .._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
 from .._per_call import PerCallWrapper, count_calls_per_forward
 from .._root import checkpoint_root, root_checkpointed
 from .._saved_plan import SavedPlan
@@ -36,7 +36,7 @@ from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan
 __all__ = ["FORMAT", "CheckpointPlan", "ConsideredPlan", "PlanRow"]
 
 FORMAT = "accel.checkpoint-plan/1"
-_DECISIONS = (FULL, SELECTIVE, ALTERNATE, MEASURED, SAVED)
+_DECISIONS = (FULL, SELECTIVE, ALTERNATE, CHOSEN, SAVED)
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ class CheckpointPlan:
                     "Plan again with this release, or load the plan with the release "
                     "that made it."
                 )
-            if decision == MEASURED and name not in self.kept_calls:
+            if decision == CHOSEN and name not in self.kept_calls:
                 raise ValueError(
                     f"checkpointing: this plan keeps chosen operator calls in {name!r} "
                     "but names none in kept_calls. Use a plan made by plan_checkpointing, "
@@ -296,12 +296,12 @@ class CheckpointPlan:
         decision = self.decisions[name]
         if decision == SAVED:
             return SavedTensorWrapper(child, self.saved_plans[name], backend=backend)
-        if decision in (SELECTIVE, ALTERNATE, MEASURED):
+        if decision in (SELECTIVE, ALTERNATE, CHOSEN):
             return SelectiveCheckpointWrapper(
                 child,
                 preserve_rng_state=preserve_rng_state,
                 backend=backend,
-                kept_calls=self.kept_calls[name] if decision == MEASURED else None,
+                kept_calls=self.kept_calls[name] if decision == CHOSEN else None,
                 name=name,
                 every_second_mm=decision == ALTERNATE,
             )

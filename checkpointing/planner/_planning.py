@@ -1,21 +1,25 @@
 """``plan_checkpointing``: the fastest checkpointing that fits a memory budget.
 
-The stages, each a module of this package:
+The stages, in the order :func:`plan_checkpointing` runs them:
 
-1. :mod:`._profile`: one training step on fake tensors records, per module call, what
-   autograd saves and every operator call (no memory, no kernel, no random draw);
-2. :mod:`._cost`: each operator call's seconds from its FLOPs and bytes at the
-   device's :class:`DeviceRates` (built-in, calibrated and cached, or given);
-3. :mod:`._options`: the ways to checkpoint each module call (its saved tensors, the
-   whole call, its cheap operators, its chosen operator calls), with the bytes each
-   saves and the seconds it costs;
-4. :mod:`._search`: the combination that saves enough for the budget in the least
+1. rates (:mod:`._default_rates`): the rates given, else this host's cache of
+   calibrated rates (named in the plan's note), else the built-in :class:`DeviceRates`;
+2. profile (:func:`._profile.profile_step`): one training step on fake tensors records,
+   per module call, what autograd saves and every operator call (no memory, no kernel,
+   no random draw), each call priced from its FLOPs and bytes at the rates
+   (:func:`._cost.operator_cost`);
+3. options (:func:`._options.candidates`): the ways to checkpoint each module call (its
+   saved tensors, the whole call, its cheap operators, its chosen operator calls), with
+   the bytes each keeps and the seconds it costs;
+4. search (:func:`._search.search`): the combination that fits the budget in the least
    estimated time;
-5. :mod:`._plan`: the :class:`CheckpointPlan`, which prints, saves, loads and applies.
+5. plan (:func:`_build`): the :class:`CheckpointPlan` (:mod:`._plan`), which prints,
+   saves, loads and applies;
+6. agree (:func:`._agree.agreed`): under ``torch.distributed`` every rank takes rank
+   0's plan.
 
 Nothing is timed, so the same model, input shapes and dtypes, budget and rates give
-the same plan in any process, under any load; under ``torch.distributed`` every rank
-takes rank 0's plan all the same (:mod:`._agree`).
+the same plan in any process, under any load, and on every rank.
 """
 
 from __future__ import annotations
@@ -31,11 +35,11 @@ from accel import Accelerator
 
 from .._args import resolve_backend, validate_budget, validate_planned
 from .._caches import refuse_cache_inputs, switch_off_kv_cache
-from .._decisions import KEEP, MEASURED, SAVED
+from .._decisions import CHOSEN, KEEP, SAVED
 from .._selective import unavailable_reason
 from ._agree import agreed
-from ._calibrate import default_rates
 from ._cost import DeviceRates
+from ._default_rates import host_rates
 from ._options import Option, candidates, storage_bytes
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._profile import profile_step
@@ -89,8 +93,9 @@ def plan_checkpointing(
             tensors that cheap operators recompute from kept ones, pack host dropout
             masks) are always considered.
         rates: The device's rates for the cost model; ``None`` means those
-            :func:`checkpointing.calibrate_rates` cached for this device, else the
-            built-in ones (:func:`checkpointing.default_rates`).
+            :func:`checkpointing.calibrate_rates` cached for this device (the plan's
+            note then names the file and the rates' source), else the built-in ones
+            (:func:`checkpointing.default_rates`).
 
     Returns:
         The plan; ``plan.apply(model)`` carries it out.
@@ -119,8 +124,10 @@ def plan_checkpointing(
     switch_off_kv_cache(model)
     resolved = resolve_backend(backend)
     backend = accel.get_backend() if resolved is None else resolved
-    rates = default_rates(backend) if rates is None else rates
-    return agreed(lambda: _plan(model, example_inputs, memory_budget, backend, selective, rates))
+    rates, rates_note = host_rates(backend) if rates is None else (rates, "")
+    return agreed(
+        lambda: _plan(model, example_inputs, memory_budget, backend, selective, rates, rates_note)
+    )
 
 
 def _plan(
@@ -130,9 +137,10 @@ def _plan(
     backend: Accelerator,
     selective: bool,
     rates: DeviceRates,
+    rates_note: str = "",
 ) -> CheckpointPlan:
     device_start = _device_start(backend)
-    notes = []
+    notes = [rates_note] if rates_note else []
     reason = unavailable_reason() if selective else None
     if reason is not None:
         selective = False
@@ -252,7 +260,7 @@ def _build(
         note=note,
         margins=dict(GRAIN_MARGINS),
         kept_calls={
-            name: option.calls for name, option in chosen.items() if option.decision == MEASURED
+            name: option.calls for name, option in chosen.items() if option.decision == CHOSEN
         },
         saved_plans={
             name: saved_plan(profile, name, list(option.saved_units))

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._decisions import ALTERNATE, FULL, MEASURED, SAVED, SELECTIVE
+from .._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
 from ._options import Option, nothing_to_checkpoint, storage_bytes
 from ._records import StepProfile
 
@@ -65,7 +65,7 @@ BUCKETS = 1000
 _ROWS = 32  # targets merged at once
 
 #: The grains, coarsest (cost best known) first: the order that breaks a tie.
-COARSENESS = (FULL, SELECTIVE, ALTERNATE, MEASURED, SAVED)
+COARSENESS = (FULL, SELECTIVE, ALTERNATE, CHOSEN, SAVED)
 
 #: Each grain's margin: how far, relative to its own estimate, its recompute time may be
 #: off beyond the error all grains share (the operators' rates). Stated, not fitted: on
@@ -76,7 +76,7 @@ GRAIN_MARGINS: dict[str, float] = {
     FULL: 0.0,
     SELECTIVE: 0.10,
     ALTERNATE: 0.10,
-    MEASURED: 0.25,
+    CHOSEN: 0.25,
     SAVED: 0.50,
 }
 

@@ -1,4 +1,4 @@
-"""Device rates: built-in, calibrated on request, cached and read back (issue 34).
+"""Device rates: built-in, calibrated on request and saved (issue 34).
 
 No test here depends on a timing's value: calibration runs at its smallest sizes, and
 only what it returns (positive, finite, the operators a model uses) and what it leaves
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ from torch import nn
 import accel
 import checkpointing
 from checkpointing import DeviceRates, calibrate_rates, default_rates
-from checkpointing.planner import _calibrate, _operator_rates, _stopwatch, builtin_rates
+from checkpointing.planner import _default_rates, builtin_rates
+from checkpointing.planner._calibration import _calibrate, _operator_rates, _stopwatch
 
 # The smallest calibration: one round, tiny tensors, every call counted however short.
 _QUICK = _stopwatch.Sizes(
@@ -69,46 +71,12 @@ def _numbers(rates: DeviceRates) -> list[float]:
     return numbers + list(values["operator_bytes"].values())
 
 
-def test_default_rates_are_the_built_in_ones_without_a_cache() -> None:
-    backend = accel.get_backend("cpu")
-    assert not _calibrate.rates_cache_path(backend).exists()
-    assert default_rates(backend) == builtin_rates("cpu")
-
-
-def test_default_rates_read_the_cache(calibrated: DeviceRates) -> None:
-    backend = accel.get_backend("cpu")
-    path = _calibrate.rates_cache_path(backend)
-    path.write_text(json.dumps(calibrated.to_dict()), encoding="utf-8")
-    assert default_rates(backend) == calibrated
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["{not json", "[]", '{"device_type": "cpu"}', '{"device_type": "cuda", "source": "x"}'],
-)
-def test_a_damaged_cache_gives_the_built_in_rates(text: str) -> None:
-    backend = accel.get_backend("cpu")
-    path = _calibrate.rates_cache_path(backend)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    assert default_rates(backend) == builtin_rates("cpu")
-
-
-def test_a_cache_with_a_bad_rate_gives_the_built_in_rates() -> None:
-    backend = accel.get_backend("cpu")
-    values = builtin_rates("cpu").to_dict()
-    values["matmul_flops"] = -1.0
-    path = _calibrate.rates_cache_path(backend)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(values), encoding="utf-8")
-    assert default_rates(backend) == builtin_rates("cpu")
-
-
 def test_calibrate_saves_what_default_rates_reads_back(tmp_path: Path) -> None:
     backend = accel.get_backend()  # what calibrate_rates() takes without a backend
     rates = calibrate_rates(save=True)
-    path = _calibrate.rates_cache_path(backend)
+    path = _default_rates.rates_cache_path(backend)
     assert path.parent == tmp_path and path.is_file()
+    assert json.loads(path.read_text())["format"] == "accel.device-rates/1"
     assert default_rates(backend) == rates
     assert rates.source.startswith("calibrated on ")
     assert rates.device_type == "cpu"
@@ -254,3 +222,41 @@ def test_built_in_tables_are_valid() -> None:
         assert all(math.isfinite(v) and v >= 0 for v in _numbers(rates))
     assert builtin_rates("hpu").device_type == "hpu"
     assert dataclasses.replace(builtin_rates("hpu"), device_type="xla") == builtin_rates("xla")
+
+
+def test_the_stopwatch_times_each_sample_on_fresh_arguments() -> None:
+    made: list[list[int]] = []
+    stepped: list[list[int]] = []
+
+    def setup() -> list[int]:
+        made.append([len(made)])
+        return made[-1]
+
+    seconds = _stopwatch.seconds_each(setup, stepped.append, accel.get_backend("cpu"), _QUICK)
+    assert seconds >= 0.0
+    # One warm-up, then one sample per round, each on what its own setup made.
+    assert len(made) == len(stepped) == 1 + _QUICK.rounds
+    assert all(a is b for a, b in zip(made, stepped, strict=True))
+
+
+def test_in_place_operators_are_timed_on_fresh_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    used: list[str] = []
+
+    def spy(name: str) -> Callable[..., float]:
+        real = getattr(_stopwatch, name)
+
+        def timer(*args: Any) -> float:
+            used.append(name)
+            result: float = real(*args)
+            return result
+
+        return timer
+
+    for name in ("seconds", "seconds_each"):
+        monkeypatch.setattr(_stopwatch, name, spy(name))
+    calls = {str(c.func): c for c in _operator_rates.record_calls(_Small(), (torch.randn(4, 8),))}
+    backend = accel.get_backend("cpu")
+    for name, timer in (("aten.div_.Scalar", "seconds_each"), ("aten.silu.default", "seconds")):
+        used.clear()
+        timed = _operator_rates._time_call(calls[name], torch.device("cpu"), backend, _QUICK)
+        assert timed is not None and used == [timer], name

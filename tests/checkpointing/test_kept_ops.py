@@ -1,4 +1,4 @@
-"""The measured operator grain: units, their rules, the guard, and exactness."""
+"""The chosen-calls operator grain: units, their rules, the guard, and exactness."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 import accel
 from accel._compat import selective_cache_allows_mutation
 from checkpointing import CheckpointError, CheckpointPlan
-from checkpointing._decisions import MEASURED
+from checkpointing._decisions import CHOSEN
 from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
 from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
@@ -86,7 +86,7 @@ def _kept(units: list[Unit], numbers: list[int]) -> tuple[tuple[str, int], ...]:
 
 
 def _apply(model: nn.Module, kept: dict[str, tuple[tuple[str, int], ...]]) -> None:
-    decisions = dict.fromkeys(kept, MEASURED)
+    decisions = dict.fromkeys(kept, CHOSEN)
     CheckpointPlan(decisions=decisions, kept_calls=kept, **_FIELDS).apply(model)
 
 
@@ -114,7 +114,7 @@ def test_keeping_every_unit_is_bit_exact_with_dropout_and_keeps_less() -> None:
     keep = [n for n, unit in enumerate(units) if unit.keepable]
     _apply(model, {"0": _kept(units, keep), "1": _kept(units, keep[len(keep) // 2 :])})
     assert isinstance(model[0], SelectiveCheckpointWrapper)
-    assert "measured operator calls kept" in repr(model[0])
+    assert "chosen operator calls kept" in repr(model[0])
     out, grads = _step(model, x)
     expected_out, expected_grads = _step(plain, x)
     assert torch.equal(out, expected_out)
@@ -209,6 +209,6 @@ def test_a_unit_read_before_its_last_write_is_not_kept() -> None:
 
 
 def test_a_measured_decision_without_its_calls_is_refused() -> None:
-    plan = CheckpointPlan(decisions={"0": MEASURED}, **_FIELDS)
+    plan = CheckpointPlan(decisions={"0": CHOSEN}, **_FIELDS)
     with pytest.raises(ValueError, match=r"keeps chosen operator calls in '0' but names none"):
         plan.apply(_model())

@@ -20,7 +20,7 @@ from torch import nn
 
 import checkpointing
 from checkpointing import CheckpointPlan, plan_checkpointing
-from checkpointing._decisions import MEASURED, SAVED
+from checkpointing._decisions import CHOSEN, SAVED
 from checkpointing._selective import unavailable_reason
 
 zoo = sys.modules["accel_zoo"]  # loaded by tests/conftest.py
@@ -80,7 +80,7 @@ def test_the_finer_grains_survive_the_file(tmp_path: Path) -> None:
         loaded = CheckpointPlan.load(tmp_path / "plan.json")
         assert loaded.saved_plans == plan.saved_plans
         assert loaded.kept_calls == plan.kept_calls
-    assert SAVED in found or (MEASURED in found and unavailable_reason() is None)
+    assert SAVED in found or (CHOSEN in found and unavailable_reason() is None)
 
 
 def test_a_model_built_otherwise_is_refused_before_anything_is_wrapped() -> None:

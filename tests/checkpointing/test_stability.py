@@ -118,7 +118,7 @@ RANK = textwrap.dedent(
     import _zoo
     import accel
     from checkpointing import plan_checkpointing
-    from checkpointing.planner._calibrate import default_rates
+    from checkpointing.planner._default_rates import default_rates
     from checkpointing.planner._planning import _plan
 
     rank = int(os.environ["RANK"])

@@ -26,7 +26,7 @@ from checkpointing import (
     apply_activation_checkpointing,
     plan_checkpointing,
 )
-from checkpointing._decisions import MEASURED, SAVED, SELECTIVE
+from checkpointing._decisions import CHOSEN, SAVED, SELECTIVE
 from checkpointing._selective import unavailable_reason
 from checkpointing.planner._options import candidates
 from checkpointing.planner._profile import profile_step
@@ -152,7 +152,7 @@ def _sampled(options: list[Any]) -> list[Any]:
     picked = []
     for decision in {option.decision for option in options}:
         run = [option for option in options if option.decision == decision]
-        if decision in (SAVED, MEASURED) and len(run) > 3:
+        if decision in (SAVED, CHOSEN) and len(run) > 3:
             run = [run[0], run[len(run) // 2], run[-1]]
         picked.extend(run)
     return picked
@@ -169,9 +169,7 @@ def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
     # The first block of each kind stands for its repeats; the modules holding blocks too.
     kinds = {profile.modules[name].kind: name for name in reversed(names)}
     holders = [n for n in table if any(b.startswith(f"{n}.") for b in names)]
-    selective = [
-        n for n, os in table.items() if any(o.decision in (SELECTIVE, MEASURED) for o in os)
-    ]
+    selective = [n for n, os in table.items() if any(o.decision in (SELECTIVE, CHOSEN) for o in os)]
     if family == "resnet":  # batch norm in training: no module holding one gets a selective grain
         held = [
             n for n in selective if any(isinstance(m, nn.BatchNorm2d) for m in named[n].modules())

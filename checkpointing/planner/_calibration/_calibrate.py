@@ -1,64 +1,42 @@
-"""Device rates measured on the device, cached, and the default the planner takes.
+"""``calibrate_rates``: a device's rates for the cost model, measured on the device.
 
-The planner itself never times anything (:mod:`._cost`). :func:`calibrate_rates` is
-the one place that does, and only when asked: it times a matrix product, a
-convolution, attention, a pointwise operator, a random draw, an operator call's fixed
-cost, a selective policy's cost per call and a saved-tensor hook's, on the device, and
+It times a matrix product, a convolution, attention, a pointwise operator, a random
+draw, an operator call's fixed cost, and the pointwise, normalisation, reduction and
+copy operators of a reference step (:class:`_Reference`), each with :mod:`._stopwatch`,
+plus a selective policy's and a saved-tensor hook's costs (:mod:`._overheads`), and
 returns them as :class:`DeviceRates`. With ``model`` and ``example_inputs`` it also
 records the operator calls of one training step of that model on fake tensors
-(forward and backward, as the planner's profile does), and times each pointwise,
-normalisation, reduction and copy operator among them at its most common shapes and
-dtypes, on real random tensors, for per-operator byte rates. ``save=True`` caches the
-rates for the device (:func:`rates_cache_path`), where :func:`default_rates` and so
-every later planning on that machine finds them. Calibrated rates change estimates
-and so plans; they are recorded in every plan made with them, so a plan can be
-reproduced from its file.
+(forward and backward, as the planner's profile does), and times each such operator at
+its most common shapes and dtypes, on real random tensors (:mod:`._operator_rates`).
+``save=True`` caches the rates for the device (``.._default_rates``), where
+:func:`default_rates` and so every later planning on that machine finds them.
+Calibrated rates change estimates and so plans; they are recorded in every plan made
+with them (and the plan's note names the cache file), so a plan can be reproduced from
+its file.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import accel
 from accel import Accelerator
 
-from .._args import require_bool, resolve_backend
-from .._checkpoint import run_checkpoint
-from .._non_reentrant import ContextFn
-from .._selective import kept_calls_context_fn, unavailable_reason
+from ..._args import require_bool, resolve_backend
+from ..._selective import unavailable_reason
+from .._cost import DeviceRates, builtin_rates, tensor_bytes
+from .._default_rates import device_name, save_rates
 from . import _stopwatch
-from ._cost import DeviceRates, builtin_rates, tensor_bytes
 from ._operator_rates import model_operator_rates, record_calls
-from ._stopwatch import SIZES, Sizes, best_times, seconds
+from ._overheads import hook_seconds, selective_overhead
+from ._stopwatch import Sizes, seconds
 
-__all__ = ["calibrate_rates", "default_rates", "rates_cache_path", "selective_overhead"]
-
-
-_LAYERS = 4  # layers of the chain selective_overhead times
-
-
-class _Chain(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(8, 8)
-        self.norm = nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(_LAYERS):
-            hidden = nn.functional.gelu(self.linear(self.norm(x)))
-            hidden = nn.functional.dropout(hidden, 0.1, training=True)
-            x = x + hidden.reshape(2, 2, 8).transpose(0, 1).reshape(4, 8)
-        return x
+__all__ = ["calibrate_rates"]
 
 
 class _Reference(nn.Module):
@@ -85,123 +63,6 @@ class _Reference(nn.Module):
         x = x + torch.tanh(x) + torch.softmax(x, dim=-1)
         features = functional.relu(self.batch_norm(self.conv(image)))
         return x.sum() + features.mean(dim=(2, 3)).sum()
-
-
-class _Counter(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.calls.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
-def selective_overhead(backend: Accelerator, sizes: Sizes = SIZES) -> tuple[float, float]:
-    """Seconds per operator call, and extra seconds per kept call, of a selective policy.
-
-    Args:
-        backend: The backend the model runs on; its generators are left as they were.
-        sizes: How many rounds to time.
-
-    Returns:
-        ``(per_call, per_kept_call)``, both at least 0.
-    """
-    with backend.fork_rng():
-        chain = _Chain().to(backend.device())
-        x = torch.ones(4, 8, device=backend.device(), requires_grad=True)
-        counter = _Counter()
-        with counter:
-            chain(x)
-        seen: dict[str, int] = {}
-        every = []
-        for name in counter.calls:
-            every.append((name, seen.get(name, 0)))
-            seen[name] = seen.get(name, 0) + 1
-        calls = len(every)
-
-        def run(context_fn: ContextFn | None, checkpointed: bool = True) -> None:
-            if checkpointed:
-                out = run_checkpoint(
-                    chain, (x,), {}, use_reentrant=False, backend=backend, context_fn=context_fn
-                )
-            else:
-                out = chain(x)
-            out.sum().backward()
-
-        keep_none, keep_all = kept_calls_context_fn(()), kept_calls_context_fn(every)
-        run(keep_all)  # warm-up: first calls build caches
-        plain, full, none, kept = best_times(
-            [
-                lambda: run(None, checkpointed=False),
-                lambda: run(None),
-                lambda: run(keep_none),
-                lambda: run(keep_all),
-            ],
-            backend,
-            sizes,
-        )
-    per_call = max(none - full, 0.0) / calls
-    per_kept = max((kept - plain) / calls - per_call, 0.0)
-    return per_call, per_kept
-
-
-def rates_cache_path(backend: Accelerator) -> Path:
-    """Where calibrated rates for ``backend``'s device are cached.
-
-    ``$ACCEL_CACHE_DIR`` (default ``~/.cache/accel``), then
-    ``rates-<device type>-<device name>-torch<version>.json``.
-
-    Args:
-        backend: The backend whose device the rates describe.
-
-    Returns:
-        The cache file's path (it need not exist).
-    """
-    root = Path(os.environ.get("ACCEL_CACHE_DIR") or Path.home() / ".cache" / "accel")
-    name = "".join(c if c.isalnum() else " " for c in _device_name(backend))
-    name = "-".join(name.split())
-    version = torch.__version__.split("+")[0]
-    return root / f"rates-{backend.device_type}-{name}-torch{version}.json"
-
-
-def _device_name(backend: Accelerator) -> str:
-    """The device's model name (a host's processor and its intra-op threads), else the backend's."""
-    if backend.device_type == "cpu":
-        model = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as info:
-                names = [line.split(":", 1)[1] for line in info if line.startswith("model name")]
-            model = names[0].strip() if names else model
-        except OSError:
-            pass  # not Linux: the platform's name
-        return f"{model}, {torch.get_num_threads()} threads"
-    module = getattr(torch, backend.device_type, None)
-    try:
-        return str(module.get_device_name())  # type: ignore[union-attr]
-    except Exception:  # a device module without names: the backend's
-        return backend.name
-
-
-def default_rates(backend: Accelerator) -> DeviceRates:
-    """The rates the planner takes by default: cached for this device, else built-in.
-
-    Args:
-        backend: The backend the model runs on.
-
-    Returns:
-        The rates :func:`calibrate_rates` cached for this device, where a cache file
-        exists and reads back, else :func:`builtin_rates` for its device type.
-    """
-    path = rates_cache_path(backend)
-    if path.is_file():
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(values, dict) and values.get("device_type") == backend.device_type:
-                return DeviceRates.from_dict(values)
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            pass  # a damaged or older cache: the built-in rates, as without one
-    return builtin_rates(backend.device_type)
 
 
 def calibrate_rates(
@@ -251,9 +112,7 @@ def calibrate_rates(
         operators = model_operator_rates(calls, device_backend, rates.call_seconds, sizes)
         rates = replace(rates, operator_bytes={**rates.operator_bytes, **operators})
     if save:
-        path = rates_cache_path(device_backend)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(rates.to_dict(), indent=1) + "\n", encoding="utf-8")
+        save_rates(rates, device_backend)
     return rates
 
 
@@ -329,9 +188,9 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         if unavailable_reason() is not None
         else selective_overhead(backend, sizes)
     )
-    hook = _hook_seconds(backend, sizes)
+    hook = hook_seconds(backend, sizes)
     where = (
-        f"calibrated on {_device_name(backend)}, torch {torch.__version__}, "
+        f"calibrated on {device_name(backend)}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d')}"
     )
     return replace(
@@ -348,19 +207,3 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         hook_seconds=hook,
         operator_bytes=operators,
     )
-
-
-def _hook_seconds(backend: Accelerator, sizes: Sizes) -> float:
-    """What a pair of saved-tensor hooks adds per saved tensor."""
-    x = torch.ones(4, 8, device=backend.device(), requires_grad=True)
-
-    def step() -> None:
-        y = x
-        for _ in range(50):
-            y = y * 1.0001
-        y.sum().backward()
-
-    plain = seconds(step, backend, sizes)
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-        hooked = seconds(step, backend, sizes)
-    return max(hooked - plain, 0.0) / 50

@@ -3,14 +3,12 @@
 :func:`record_calls` runs one training step of the model on fake tensors (forward and
 backward, as the planner's profile does) and keeps the calls the cost model prices by
 bytes; :func:`model_operator_rates` times each operator at its most common shapes and
-dtypes on new random tensors on the device. Only for :func:`._calibrate.calibrate_rates`
-with ``model=``: planning never calls it.
+dtypes on new random tensors on the device (:mod:`._stopwatch`). Only for
+:func:`._calibrate.calibrate_rates`: planning never calls it.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -24,11 +22,11 @@ from torch.utils._pytree import tree_map
 
 from accel import Accelerator
 
-from .._measure import storage_key
-from .._steps import require_grad, tensors_of
+from ..._measure import storage_key
+from ..._steps import require_grad, tensors_of
+from .._cost import _CONVOLUTION, _MATMUL, _RNN_LAYERS, tensor_bytes
+from .._profile import call_with_state, fake_state
 from . import _stopwatch
-from ._cost import _CONVOLUTION, _MATMUL, _RNN_LAYERS, tensor_bytes
-from ._profile import call_with_state, fake_state
 from ._stopwatch import Sizes
 
 __all__ = ["model_operator_rates", "record_calls"]
@@ -223,20 +221,14 @@ def _time_call(
         for arg in call.func._schema.arguments
     )
     try:
+        if mutates:  # fresh arguments per sample, or its work would compound
+            return _stopwatch.seconds_each(
+                lambda: _instantiate(call, device),
+                lambda made: call.func(*made[0], **made[1]),
+                backend,
+                sizes,
+            )
         args, kwargs = _instantiate(call, device)
-        if not mutates:
-            return _stopwatch.seconds(lambda: call.func(*args, **kwargs), backend, sizes)
-        # An in-place call gets fresh arguments per sample (made outside the timing), so
-        # repeated calls do not compound (a mul_ run to infinity, a tensor grown denormal).
-        call.func(*args, **kwargs)
-        samples = []
-        for _ in range(sizes.rounds):
-            args, kwargs = _instantiate(call, device)
-            backend.synchronize()
-            start = time.perf_counter()
-            call.func(*args, **kwargs)
-            backend.synchronize()
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
+        return _stopwatch.seconds(lambda: call.func(*args, **kwargs), backend, sizes)
     except Exception:  # values the call refuses (an index, a shape): skip it
         return None

@@ -1,8 +1,9 @@
-"""The stopwatch of :func:`calibrate_rates`: how much work a measurement does, and its median.
+"""The stopwatch: how much work a measurement does, and its median.
 
 The only module of the planner that reads a clock, and only on request: when rates are
-calibrated (:mod:`._calibrate`) and when a plan is measured with ``timed=True``
-(:mod:`._measure_step`); planning never imports a timing from here.
+calibrated (:mod:`._calibrate`, :mod:`._operator_rates`, :mod:`._overheads`) and when a
+plan is measured with ``timed=True`` (:mod:`.._measure_step`); planning never takes a
+timing from here.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from accel import Accelerator
 
-__all__ = ["SIZES", "Sizes", "best_times", "seconds"]
+__all__ = ["SIZES", "Sizes", "best_times", "seconds", "seconds_each"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,27 @@ def seconds(step: Callable[[], Any], backend: Accelerator, sizes: Sizes) -> floa
             step()
         backend.synchronize()
         samples.append((time.perf_counter() - start) / repeats)
+    return statistics.median(samples)
+
+
+def seconds_each(
+    setup: Callable[[], _T], step: Callable[[_T], Any], backend: Accelerator, sizes: Sizes
+) -> float:
+    """The median seconds of ``step(setup())``, each sample on a fresh ``setup()``.
+
+    For a call that changes its arguments (an in-place operator): repeated on the same
+    ones its work would compound (a ``mul_`` run to infinity, a tensor grown denormal).
+    ``setup`` runs outside the timing; one untimed call warms up first.
+    """
+    step(setup())
+    samples = []
+    for _ in range(sizes.rounds):
+        made = setup()
+        backend.synchronize()
+        start = time.perf_counter()
+        step(made)
+        backend.synchronize()
+        samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
 

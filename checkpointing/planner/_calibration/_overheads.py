@@ -1,0 +1,121 @@
+"""What checkpointing's own machinery costs on the device, timed for calibration.
+
+:func:`selective_overhead` times a selective checkpoint's policy (per operator call it
+sees, and per call it keeps) on a small chain of layers; :func:`hook_seconds` times a
+pair of saved-tensor hooks (what the saved-tensor grain adds per saved tensor). Both
+with :mod:`._stopwatch`, only for :func:`._calibrate.calibrate_rates`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from accel import Accelerator
+
+from ..._checkpoint import run_checkpoint
+from ..._non_reentrant import ContextFn
+from ..._selective import kept_calls_context_fn
+from ._stopwatch import SIZES, Sizes, best_times, seconds
+
+__all__ = ["hook_seconds", "selective_overhead"]
+
+
+_LAYERS = 4  # layers of the chain selective_overhead times
+
+
+class _Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(_LAYERS):
+            hidden = nn.functional.gelu(self.linear(self.norm(x)))
+            hidden = nn.functional.dropout(hidden, 0.1, training=True)
+            x = x + hidden.reshape(2, 2, 8).transpose(0, 1).reshape(4, 8)
+        return x
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def selective_overhead(backend: Accelerator, sizes: Sizes = SIZES) -> tuple[float, float]:
+    """Seconds per operator call, and extra seconds per kept call, of a selective policy.
+
+    Args:
+        backend: The backend the model runs on; its generators are left as they were.
+        sizes: How many rounds to time.
+
+    Returns:
+        ``(per_call, per_kept_call)``, both at least 0.
+    """
+    with backend.fork_rng():
+        chain = _Chain().to(backend.device())
+        x = torch.ones(4, 8, device=backend.device(), requires_grad=True)
+        counter = _Counter()
+        with counter:
+            chain(x)
+        seen: dict[str, int] = {}
+        every = []
+        for name in counter.calls:
+            every.append((name, seen.get(name, 0)))
+            seen[name] = seen.get(name, 0) + 1
+        calls = len(every)
+
+        def run(context_fn: ContextFn | None, checkpointed: bool = True) -> None:
+            if checkpointed:
+                out = run_checkpoint(
+                    chain, (x,), {}, use_reentrant=False, backend=backend, context_fn=context_fn
+                )
+            else:
+                out = chain(x)
+            out.sum().backward()
+
+        keep_none, keep_all = kept_calls_context_fn(()), kept_calls_context_fn(every)
+        run(keep_all)  # warm-up: first calls build caches
+        plain, full, none, kept = best_times(
+            [
+                lambda: run(None, checkpointed=False),
+                lambda: run(None),
+                lambda: run(keep_none),
+                lambda: run(keep_all),
+            ],
+            backend,
+            sizes,
+        )
+    per_call = max(none - full, 0.0) / calls
+    per_kept = max((kept - plain) / calls - per_call, 0.0)
+    return per_call, per_kept
+
+
+def hook_seconds(backend: Accelerator, sizes: Sizes) -> float:
+    """Seconds a pair of saved-tensor hooks adds per saved tensor, at least 0.
+
+    Args:
+        backend: The backend the model runs on.
+        sizes: How many rounds to time.
+    """
+    x = torch.ones(4, 8, device=backend.device(), requires_grad=True)
+
+    def step() -> None:
+        y = x
+        for _ in range(50):
+            y = y * 1.0001
+        y.sum().backward()
+
+    plain = seconds(step, backend, sizes)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        hooked = seconds(step, backend, sizes)
+    return max(hooked - plain, 0.0) / 50
