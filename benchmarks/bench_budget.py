@@ -139,6 +139,7 @@ from checkpointing import (
     apply_activation_checkpointing,
     plan_checkpointing,
 )
+from checkpointing._measure import graph_saved_bytes as walk_saved_bytes
 
 BUDGETS = (0.75, 0.5, 0.25)
 TARGET_BYTES, TARGET_TIME, TARGET_TRANSFORMER = 0.5, 1.20, 1.15
@@ -324,38 +325,15 @@ def inductor_with_budget(graph: Any, example_inputs: Any) -> Any:
 
 
 def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
-    """Bytes of the storages the autograd graph of one forward saves, found by walking it.
+    """Bytes of the storages the autograd graph of one forward saves (:func:`checkpointing.
+    _measure.graph_saved_bytes`: a compiled graph's too), parameters and buffers excluded.
 
-    Works where saved-tensor hooks do not see inside (a compiled graph saves through its
-    own autograd function): each node's saved tensors, each storage once, parameters and
-    buffers excluded. Only for variants without checkpoint hooks (reading a hooked saved
-    tensor would recompute it).
+    Only for variants without checkpoint hooks (reading a hooked saved tensor would
+    recompute it).
     """
-    excluded = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     output = case.call(model)
-    leaves = torch.utils._pytree.tree_leaves(
-        output if isinstance(output, torch.Tensor) else dict(output)
-    )
-    stack: list[Any] = [
-        t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None
-    ]
-    seen: set[int] = set()
-    storages: dict[int, int] = {}
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        values: list[Any] = list(getattr(node, "saved_tensors", ()) or ())
-        values += [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
-        for value in torch.utils._pytree.tree_leaves(values):
-            if isinstance(value, torch.Tensor):
-                storage = value.untyped_storage()
-                if storage.data_ptr() not in excluded and storage.data_ptr() != 0:
-                    storages[storage.data_ptr()] = storage.nbytes()
-        stack.extend(function for function, _ in node.next_functions)
-    del output
-    return sum(storages.values())
+    outputs = output if isinstance(output, torch.Tensor) else dict(output)
+    return walk_saved_bytes(outputs, [*model.parameters(), *model.buffers()])
 
 
 def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
