@@ -216,9 +216,12 @@ class SavedTensorWrapper(CheckpointWrapper):
         """Run the wrapped module's forward with the plan's saved-tensor hooks.
 
         Under ``torch.compile`` it runs as the plan's compiled form instead
-        (:meth:`_compiled`).
+        (:meth:`_compiled`); around a module dynamo cannot trace (an RNN), as here,
+        outside the graph.
         """
         if torch.compiler.is_compiling():
+            if not self._traced:
+                return self._outside_graph(*args, **kwargs)
             return self._compiled(args, kwargs)
         if not torch.is_grad_enabled():
             return self.module(*args, **kwargs)
