@@ -16,7 +16,7 @@ draws land in host memory, a seed and an offset elsewhere. That is nothing besid
 training step's activations, but it can be more than a tiny model's; the plan's note
 gives the compiled estimate with it, and says when it is above the plan's estimate.
 
-The measured-call grain (``"keep costly ops"``) is not a compiled form: it names
+The chosen-calls grain (``"keep costly ops"``) is not a compiled form: it names
 operator calls by their occurrence in the eager dispatch, and a traced graph's
 functional operators can be named and counted otherwise.
 """
