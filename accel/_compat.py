@@ -31,6 +31,7 @@ __all__ = [
     "checkpoint_debug_leaks_on_error",
     "checkpoint_early_stop",
     "checkpoint_supports_vmap",
+    "compiled_plans_unavailable",
     "current_saved_tensors_hooks",
     "default_communication_backend",
     "graph_exec_group",
@@ -280,6 +281,22 @@ def fake_profile_unavailable() -> str | None:
         return (
             f"torch {torch.__version__}'s fake tensors refuse some models' own tensors "
             "(fake-tensor profiling needs torch 2.5 or later)"
+        )
+    return None
+
+
+def compiled_plans_unavailable() -> str | None:
+    """Why a budget plan's compiled step cannot be checked with this torch, or ``None``.
+
+    A plan compiles its saved-tensor calls as whole or selective checkpointed regions of
+    the graph (:mod:`checkpointing.planner._compiled`); a selective region's policy is
+    traced from ``create_selective_checkpoint_contexts``, public since torch 2.5 (2.4
+    has a private form for the compiler only). Checked on 2.9.1 and 2.13.0.
+    """
+    if torch_release() < (2, 5):
+        return (
+            f"torch {torch.__version__} traces no public selective checkpoint under "
+            "torch.compile (torch 2.5 and later do)"
         )
     return None
 

@@ -74,8 +74,15 @@ Measures:
   kernels otherwise sum in a varying order), and the plain model's own rerun difference
   is reported beside it
   (``plain_rerun_difference``); ``bit_equal`` keeps the strict answer. Compiled
-  variants report the largest gradient difference from ``compiled`` (the compiler's
-  own numerics and random streams differ from eager).
+  variants report ``bit_equal``, ``grad_difference`` and the largest absolute gradient
+  difference (``grad_difference_to_compiled``) against ``compiled`` (the compiler's own
+  numerics and random streams differ from eager's), and the graph breaks dynamo
+  counted while their first step compiled (``graph_breaks``);
+* with ``--compile``, the compiled plan's verdict (``compiled_plan`` in the JSON,
+  ``_compiled_plan.judge``): its memory against the plan's estimate + 2%
+  (``within_estimate``), the graph breaks it adds to the compiled plain model's
+  (``graph_breaks_added``), exactness against it (``exact``: bit-equal or within 1e-4)
+  and all three (``met``), after each family and in a table at the end.
 
 Dominance (``_budget_checks.dominance``): a fixed rule (``torch selective``,
 ``torchtitan op rule``) dominates a plan when it keeps no more activation memory and
@@ -127,6 +134,7 @@ from _budget_checks import (
     noise,
     print_dominance,
 )
+from _compiled_plan import MARGIN, counted_graph_breaks, judge
 from _report import print_table, write_results
 from _zoo import FAMILIES, SIZES, TRANSFORMERS, ZooModel, build, gpu_size, unusable
 from torch import nn
@@ -139,6 +147,7 @@ from checkpointing import (
     apply_activation_checkpointing,
     plan_checkpointing,
 )
+from checkpointing._measure import graph_saved_bytes as walk_saved_bytes
 
 BUDGETS = (0.75, 0.5, 0.25)
 TARGET_BYTES, TARGET_TIME, TARGET_TRANSFORMER = 0.5, 1.20, 1.15
@@ -305,7 +314,7 @@ def variant(
             torch.compile(model, backend=inductor_with_budget if budgeted else "inductor"),
         )
         started = time.perf_counter()
-        step(case, compiled, backend)
+        _, facts["graph_breaks"] = counted_graph_breaks(lambda: step(case, compiled, backend))
         facts["compile_seconds"] = time.perf_counter() - started
         return compiled, facts
     return model, facts
@@ -324,38 +333,15 @@ def inductor_with_budget(graph: Any, example_inputs: Any) -> Any:
 
 
 def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
-    """Bytes of the storages the autograd graph of one forward saves, found by walking it.
+    """Bytes of the storages the autograd graph of one forward saves (:func:`checkpointing.
+    _measure.graph_saved_bytes`: a compiled graph's too), parameters and buffers excluded.
 
-    Works where saved-tensor hooks do not see inside (a compiled graph saves through its
-    own autograd function): each node's saved tensors, each storage once, parameters and
-    buffers excluded. Only for variants without checkpoint hooks (reading a hooked saved
-    tensor would recompute it).
+    Only for variants without checkpoint hooks (reading a hooked saved tensor would
+    recompute it).
     """
-    excluded = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
     output = case.call(model)
-    leaves = torch.utils._pytree.tree_leaves(
-        output if isinstance(output, torch.Tensor) else dict(output)
-    )
-    stack: list[Any] = [
-        t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn is not None
-    ]
-    seen: set[int] = set()
-    storages: dict[int, int] = {}
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        values: list[Any] = list(getattr(node, "saved_tensors", ()) or ())
-        values += [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
-        for value in torch.utils._pytree.tree_leaves(values):
-            if isinstance(value, torch.Tensor):
-                storage = value.untyped_storage()
-                if storage.data_ptr() not in excluded and storage.data_ptr() != 0:
-                    storages[storage.data_ptr()] = storage.nbytes()
-        stack.extend(function for function, _ in node.next_functions)
-    del output
-    return sum(storages.values())
+    outputs = output if isinstance(output, torch.Tensor) else dict(output)
+    return walk_saved_bytes(outputs, [*model.parameters(), *model.buffers()])
 
 
 def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -536,17 +522,18 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
             else live - plain_live + plain_saved
         )
         loss, grads = gradients(case, models[name])
-        bit_equal, relative = None, None
+        # Compiled variants against the compiled plain model, the others against plain.
+        against = compiled_reference if compiled else reference
+        assert against is not None
+        bit_equal = bool(torch.equal(loss, against[0])) and all(
+            torch.equal(a, b) for a, b in zip(grads, against[1], strict=True)
+        )
+        relative = difference((loss, grads), against)
         if compiled:
-            assert compiled_reference is not None
             exact = None
-            pairs = zip(grads, compiled_reference[1], strict=True)
+            pairs = zip(grads, against[1], strict=True)
             to_compiled = max(float((a - b).abs().max()) for a, b in pairs)
         else:
-            bit_equal = bool(torch.equal(loss, reference[0])) and all(
-                torch.equal(a, b) for a, b in zip(grads, reference[1], strict=True)
-            )
-            relative = difference((loss, grads), reference)
             # The CPU's rule is bit-equality; elsewhere a tolerance (GPU_TOLERANCE).
             exact = bit_equal or (not on_cpu and relative <= GPU_TOLERANCE)
             to_compiled = None
@@ -602,6 +589,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         if any(f"budget {b}" in unavailable for b in BUDGETS)
         else all(rows[f"budget {b}"]["bytes_ratio"] <= b + 0.02 for b in BUDGETS),
         "exact": all(row["exact"] for row in rows.values() if row["exact"] is not None),
+        "compiled_plan": judge(rows),
     }
 
 
@@ -688,6 +676,16 @@ def print_case(result: dict[str, Any]) -> None:
         f"{'n/a (a budget has no plan)' if result['fits'] is None else result['fits']}; "
         f"exact: {result['exact']}"
     )
+    compiled = result.get("compiled_plan")
+    if compiled is not None:
+        within = "within" if compiled["within_estimate"] else "OVER"
+        print(
+            f"compiled plan 0.5: {compiled['bytes_ratio']:.3f}x memory against its estimate "
+            f"{compiled['estimate']:.3f}x + {MARGIN} ({within}), "
+            f"graph breaks added {compiled['graph_breaks_added']}, exact "
+            f"{'bit-equal' if compiled['bit_equal'] else compiled['grad_difference']}: "
+            f"{'met' if compiled['met'] else 'NOT met'}"
+        )
 
 
 def print_summary(results: list[dict[str, Any]]) -> None:
@@ -717,6 +715,23 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         )
     headers = ("model", "memory", "measured", "estimate", "|est - meas|", "noise")
     print_table((*headers, "time target", "within budget +2%", "exact", "target"), rows)
+    judged = [(r["model"], r["compiled_plan"]) for r in results if r.get("compiled_plan")]
+    if judged:
+        print("\ncompiled plan 0.5 (inductor) against the compiled plain model")
+        print_table(
+            ("model", "memory", "estimate + 2%", "breaks added", "exact", "target"),
+            [
+                (
+                    model,
+                    f"{c['bytes_ratio']:.3f}x",
+                    f"{c['limit']:.3f}x: {'within' if c['within_estimate'] else 'OVER'}",
+                    c["graph_breaks_added"],
+                    "bit-equal" if c["bit_equal"] else f"{c['grad_difference']:.1e}",
+                    "met" if c["met"] else "missed",
+                )
+                for model, c in judged
+            ],
+        )
 
 
 def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
@@ -838,6 +853,8 @@ def main() -> None:
                 "note": args.note,
                 "threads": torch.get_num_threads(),
                 "seconds": time.perf_counter() - started,
+                # The host's load when the file was written: others' jobs share its cores.
+                "load_average": os.getloadavg(),
                 "torch_version": torch.__version__,
                 "dominance": count_dominated(results),
                 "models": results,

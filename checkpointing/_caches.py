@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from accel._warn import warn
@@ -34,8 +35,17 @@ _ADVICE = (
 )
 
 
+# Arguments that are never a cache object. Ruled out by ``isinstance`` first, which
+# dynamo traces: it cannot read ``__module__`` of a builtin class (a decoder layer's
+# ``use_cache=False``, its ``position_embeddings`` tuple) and would break the graph
+# at every checkpointed call.
+_NOT_CACHES = (torch.Tensor, bool, int, float, complex, str, bytes, tuple, list, dict, set, slice)
+
+
 def _is_cache(value: object) -> bool:
     """Whether ``value`` is one of transformers' key-value cache objects."""
+    if value is None or isinstance(value, _NOT_CACHES):
+        return False
     kind = type(value)
     return kind.__module__.startswith("transformers") and any(
         base.__name__.endswith("Cache") for base in kind.__mro__

@@ -9,7 +9,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["LiveActivationMeter", "SavedTensorMeter", "held_bytes", "storage_key"]
+__all__ = [
+    "LiveActivationMeter",
+    "SavedTensorMeter",
+    "graph_saved_bytes",
+    "held_bytes",
+    "storage_key",
+]
 
 
 def storage_key(tensor: torch.Tensor) -> int:
@@ -187,3 +193,36 @@ def _holds_memory(tensor: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return tensor.device.type != "meta" and not isinstance(tensor, FakeTensor)
+
+
+def graph_saved_bytes(outputs: Any, exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of the storages the autograd graph behind ``outputs`` saves, found by walking it.
+
+    The meter for a compiled step: a compiled graph saves its activations in one autograd
+    node, read here, where saved-tensor hooks around the compiled call would make dynamo
+    compile it again. Every node's saved tensors count, each storage once, storages of
+    ``exclude`` (parameters, buffers) not at all. Reading a saved tensor runs its unpack
+    hook, so this is for graphs without checkpoint hooks (a compiled graph's checkpointed
+    regions have none).
+
+    Args:
+        outputs: Tensors, or a structure of them (a model's output).
+        exclude: Tensors whose storages are not counted.
+    """
+    excluded = {storage_key(tensor) for tensor in exclude}
+    leaves = torch.utils._pytree.tree_leaves(outputs)
+    stack: list[Any] = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor)]
+    seen: set[int] = set()
+    storages: dict[int, int] = {}
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        values: list[Any] = list(getattr(node, "saved_tensors", ()) or ())
+        values += [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
+        for value in torch.utils._pytree.tree_leaves(values):
+            if isinstance(value, torch.Tensor) and storage_key(value) not in excluded:
+                storages[storage_key(value)] = value.untyped_storage().nbytes()
+        stack.extend(function for function, _ in node.next_functions)
+    return sum(storages.values())

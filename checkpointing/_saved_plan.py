@@ -5,6 +5,8 @@ SavedTensorWrapper` carries it out. Each saved tensor is known by its position a
 the tensors the module's forward saves: it is *dropped* (recomputed in backward by
 running its recorded :class:`ReplayStep` calls again), *packed* (a host dropout mask
 stored as booleans, :mod:`._packed`) or kept as a *leaf* that a recipe reads.
+Under ``torch.compile``, where saved-tensor hooks cannot be traced, the module runs as
+the region the plan names instead (``compiled_as``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._decisions import FULL
 from ._replay import Geometry
 
 __all__ = ["DROP", "LEAF", "PACK", "ReplayStep", "SavedPlan", "grad_pattern", "operator_named"]
@@ -83,6 +86,10 @@ class SavedPlan:
         inputs: Storage to its position among the module's flattened tensor inputs.
         summary: What the plan drops and packs, for the plan's table.
         grads: The :func:`grad_pattern` of the profiled call (``None``: not recorded).
+        compiled_as: What the module runs as under ``torch.compile``: ``"checkpoint"``
+            (a whole-module region), ``"recompute cheap ops"`` (a selective region by
+            operator class) or ``"keep"`` (as it is), chosen by the planner so that the
+            plan's estimate holds (:mod:`checkpointing.planner._compiled`).
     """
 
     module: str
@@ -92,6 +99,7 @@ class SavedPlan:
     inputs: dict[int, int]
     summary: str = ""
     grads: tuple[bool, ...] | None = None
+    compiled_as: str = FULL
 
     @property
     def state_prefix(self) -> str:

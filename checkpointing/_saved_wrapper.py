@@ -16,8 +16,10 @@ forward's values. Planned tensors are then:
   the same call wait in a cache until their own unpack.
 
 Every other saved tensor goes to the hooks that were active outside the module, if
-any, unchanged. Under ``torch.compile`` the module runs without the hooks (the compiled
-graph decides what it saves).
+any, unchanged. Under ``torch.compile``, where saved-tensor hooks cannot be traced, the
+module runs as its plan's compiled form (``SavedPlan.compiled_as``: a whole or
+selective checkpointed region, which the compiler honours, or the module as it is),
+which the planner chose so that the plan's estimated bytes still hold.
 
 Which tensors autograd saves depends on which inputs and parameters need grad (a
 linear layer saves its weight only when its input needs grad). A call whose pattern
@@ -39,12 +41,15 @@ import accel
 from accel import Accelerator
 from accel._compat import current_saved_tensors_hooks
 
-from ._checkpoint import _user_stacklevel
+from ._caches import refuse_cache_arguments
+from ._checkpoint import _user_stacklevel, run_checkpoint
+from ._decisions import KEEP, SELECTIVE
 from ._errors import CheckpointError, plan_mismatch
 from ._measure import storage_key
 from ._packed import Packed
 from ._replay import Geometry, Ref, resolve
 from ._saved_plan import DROP, LEAF, PACK, SavedPlan, grad_pattern
+from ._selective import operator_class_contexts
 from ._state import ForwardState
 from ._steps import tensors_of as _tensors
 from ._wrapper import CheckpointWrapper
@@ -196,20 +201,29 @@ class SavedTensorWrapper(CheckpointWrapper):
     """
 
     def __init__(
-        self, module: nn.Module, plan: SavedPlan, *, backend: Accelerator | None = None
+        self,
+        module: nn.Module,
+        plan: SavedPlan,
+        *,
+        backend: Accelerator | None = None,
+        preserve_rng_state: bool = True,
     ) -> None:
-        super().__init__(module, backend=backend)
+        super().__init__(module, backend=backend, preserve_rng_state=preserve_rng_state)
         self.plan = plan
         self._warned = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward with the plan's saved-tensor hooks.
 
-        Under ``torch.compile`` the module runs as it is: the compiler chooses what its
-        graph saves (its partitioner recomputes cheap operators, as this grain does), and
-        saved-tensor hooks cannot be traced.
+        Under ``torch.compile`` it runs as the plan's compiled form instead
+        (:meth:`_compiled`); around a module dynamo cannot trace (an RNN), as here,
+        outside the graph.
         """
-        if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            if not self._traced:
+                return self._outside_graph(*args, **kwargs)
+            return self._compiled(args, kwargs)
+        if not torch.is_grad_enabled():
             return self.module(*args, **kwargs)
         inputs = _tensors((args, kwargs))
         grads = self.plan.grads
@@ -217,6 +231,27 @@ class SavedTensorWrapper(CheckpointWrapper):
             self._warn_whole()
             return super().forward(*args, **kwargs)
         return self._hooked(args, kwargs, inputs)
+
+    def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The module as the plan's compiled form (``plan.compiled_as``).
+
+        Saved-tensor hooks cannot be traced, and without them the compiler keeps whatever
+        its partitioner chooses, up to everything the module saves: the form is a
+        checkpointed region of the compiled graph, whole or selective, or the module as
+        it is where the planner found that its plain saved tensors fit.
+        """
+        if not torch.is_grad_enabled() or self.plan.compiled_as == KEEP:
+            return self.module(*args, **kwargs)
+        refuse_cache_arguments(self.module, args, kwargs)
+        selective = self.plan.compiled_as == SELECTIVE
+        return run_checkpoint(
+            self.module,
+            args,
+            kwargs,
+            use_reentrant=False,
+            preserve_rng_state=self.preserve_rng_state,
+            context_fn=operator_class_contexts if selective else None,
+        )
 
     def _warn_whole(self) -> None:
         if self._warned:

@@ -42,6 +42,7 @@ __all__ = [
     "alternated",
     "is_saved_operator",
     "kept_calls_context_fn",
+    "operator_class_contexts",
     "selective_context_fn",
     "unavailable_reason",
     "written_tensors",
@@ -171,6 +172,17 @@ def selective_context_fn(every_second_mm: bool = False) -> ContextFn:
 
     result: Callable[[], Any] = context_fn
     return result
+
+
+def operator_class_contexts() -> tuple[Any, Any]:
+    """The contexts :func:`selective_context_fn`'s ``context_fn`` returns, built afresh.
+
+    A function defined at module level: under ``torch.compile`` a checkpoint's
+    ``context_fn`` must be a function dynamo can name (not a closure made while it
+    traces), and a module that refers to it still pickles.
+    """
+    contexts: tuple[Any, Any] = selective_context_fn()()
+    return contexts
 
 
 class _Decision:

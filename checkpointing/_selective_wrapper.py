@@ -56,6 +56,8 @@ class SelectiveCheckpointWrapper(CheckpointWrapper):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward as a selective checkpoint."""
+        if torch.compiler.is_compiling() and not self._traced:
+            return self._outside_graph(*args, **kwargs)
         if torch.is_grad_enabled():
             refuse_cache_arguments(self.module, args, kwargs)
         return run_checkpoint(

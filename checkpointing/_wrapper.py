@@ -9,6 +9,7 @@ backward (``offload_to_cpu``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +87,7 @@ class CheckpointWrapper(nn.Module):
         self.use_reentrant = require_bool(use_reentrant, "use_reentrant")
         self.preserve_rng_state = require_bool(preserve_rng_state, "preserve_rng_state")
         self._backend_ref = _BackendRef(resolve_backend(backend))
+        self._traced = dynamo_traces(module)
         keep_plain_keys(self, _WRAPPED)
 
     @property
@@ -108,6 +110,8 @@ class CheckpointWrapper(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward as a checkpoint."""
+        if torch.compiler.is_compiling() and not self._traced:
+            return self._outside_graph(*args, **kwargs)
         module = self.module
         if torch.is_grad_enabled():
             refuse_cache_arguments(module, args, kwargs)
@@ -125,6 +129,13 @@ class CheckpointWrapper(nn.Module):
             offload=self.offload_to_cpu,
         )
 
+    # Dynamo breaks the graph at the first touch of a module it cannot trace (an RNN),
+    # so the wrapper hands the call over before reading its module.
+    @torch.compiler.disable  # type: ignore[untyped-decorator]
+    def _outside_graph(self, *args: Any, **kwargs: Any) -> Any:
+        """This wrapper's forward, run eagerly from a compiled frame (:func:`dynamo_traces`)."""
+        return self.forward(*args, **kwargs)
+
     def extra_repr(self) -> str:
         variant = "reentrant" if self.use_reentrant else "non-reentrant"
         return f"{variant}, offload_to_cpu={self.offload_to_cpu}"
@@ -141,6 +152,20 @@ def _flatten_kwargs(
         return module(*values[:positional], **dict(zip(keys, values[positional:], strict=True)))
 
     return call, (*args, *kwargs.values())
+
+
+def dynamo_traces(module: nn.Module) -> bool:
+    """Whether torch.compile can trace ``module`` inside a checkpointed region.
+
+    Dynamo refuses an RNN there (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``; its
+    ``allow_rnn`` setting, off by default, lifts that), breaking the graph in every
+    frame on the way, and runs a plain model holding one eagerly. A wrapper around such
+    a module runs eagerly too (``_outside_graph``), adding no graph break.
+    """
+    config = sys.modules.get("torch._dynamo.config")
+    if getattr(config, "allow_rnn", False):
+        return True
+    return not any(isinstance(inner, nn.RNNBase) for inner in module.modules())
 
 
 def _check_module(module: object) -> None:

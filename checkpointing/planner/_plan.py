@@ -295,7 +295,12 @@ class CheckpointPlan:
     ) -> nn.Module:
         decision = self.decisions[name]
         if decision == SAVED:
-            return SavedTensorWrapper(child, self.saved_plans[name], backend=backend)
+            return SavedTensorWrapper(
+                child,
+                self.saved_plans[name],
+                backend=backend,
+                preserve_rng_state=preserve_rng_state,
+            )
         if decision in (SELECTIVE, ALTERNATE, CHOSEN):
             return SelectiveCheckpointWrapper(
                 child,

@@ -38,6 +38,7 @@ from .._caches import refuse_cache_inputs, switch_off_kv_cache
 from .._decisions import CHOSEN, KEEP, SAVED
 from .._selective import unavailable_reason
 from ._agree import agreed
+from ._compiled import compiled_forms, compiled_note
 from ._cost import DeviceRates
 from ._default_rates import host_rates
 from ._options import Option, candidates, storage_bytes
@@ -241,6 +242,8 @@ def _build(
     )
     if taken.notes:
         note = f"{note} {'; '.join(taken.notes)}.".strip()
+    forms, held = compiled_forms(profile, options, chosen)
+    note = f"{note} {compiled_note(profile, taken, forms, held)}".strip()
     calls = {
         record.module: record.calls
         for name, record in profile.modules.items()
@@ -263,7 +266,10 @@ def _build(
             name: option.calls for name, option in chosen.items() if option.decision == CHOSEN
         },
         saved_plans={
-            name: saved_plan(profile, name, list(option.saved_units))
+            name: replace(
+                saved_plan(profile, name, list(option.saved_units)),
+                compiled_as=forms[name].decision,
+            )
             for name, option in chosen.items()
             if option.decision == SAVED
         },

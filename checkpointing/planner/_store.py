@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._decisions import FULL
 from .._replay import Geometry, Ref
 from .._saved_plan import ReplayStep, SavedPlan, operator_named
 
@@ -130,6 +131,7 @@ def encode_saved_plan(plan: SavedPlan) -> dict[str, Any]:
         },
         "inputs": {str(s): p for s, p in plan.inputs.items()},
         "grads": None if plan.grads is None else list(plan.grads),
+        "compiled_as": plan.compiled_as,
     }
 
 
@@ -151,4 +153,6 @@ def decode_saved_plan(value: dict[str, Any]) -> SavedPlan:
         inputs={int(s): int(p) for s, p in value["inputs"].items()},
         summary=value["summary"],
         grads=None if value.get("grads") is None else tuple(value["grads"]),
+        # Plans saved before it was recorded run as a whole-module region under compile.
+        compiled_as=str(value.get("compiled_as", FULL)),
     )

@@ -1,0 +1,60 @@
+"""``bench_budget.py --compile``'s judge: does a plan hold under ``torch.compile``?
+
+The flow users follow: plan and apply in eager mode, then ``torch.compile(model)``. For
+each family the ``compiled, plan 0.5`` variant is judged against ``compiled`` (the
+plain model compiled) on three counts:
+
+* memory: the compiled planned step's saved bytes (the graph walk, over the eager plain
+  step's walk) at most the plan's estimate plus ``MARGIN`` (2%) of the plain step's;
+* graph breaks: the planned model's, counted by dynamo while its first step compiles,
+  minus the plain model's: none added;
+* exactness: the loss and every gradient bit-equal to the compiled plain model's, or
+  within ``COMPILED_TOLERANCE`` (relative, as ``bench_budget.difference`` measures it),
+  since a compiler may fuse a recomputed region otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["COMPILED_TOLERANCE", "MARGIN", "PLAN", "counted_graph_breaks", "judge"]
+
+MARGIN = 0.02
+COMPILED_TOLERANCE = 1e-4
+PLAN = "compiled, plan 0.5"
+
+
+def counted_graph_breaks(run: Callable[[], Any]) -> tuple[Any, int]:
+    """What ``run()`` returns, and the graph breaks dynamo counted while it ran."""
+    counters = torch._dynamo.utils.counters
+    before = sum(counters["graph_break"].values())
+    result = run()
+    return result, sum(counters["graph_break"].values()) - before
+
+
+def judge(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The compiled plan's verdict, from ``run_case``'s rows; ``None`` without both rows."""
+    planned, plain = rows.get(PLAN), rows.get("compiled")
+    if planned is None or plain is None:
+        return None
+    estimate = planned["estimated_bytes_ratio"]
+    within = planned["bytes_ratio"] <= estimate + MARGIN
+    added = planned["graph_breaks"] - plain["graph_breaks"]
+    exact = bool(planned["bit_equal"]) or planned["grad_difference"] <= COMPILED_TOLERANCE
+    return {
+        "bytes_ratio": planned["bytes_ratio"],
+        "estimate": estimate,
+        "limit": estimate + MARGIN,
+        "within_estimate": within,
+        "compiled_plain_bytes_ratio": plain["bytes_ratio"],
+        "graph_breaks_plain": plain["graph_breaks"],
+        "graph_breaks_plan": planned["graph_breaks"],
+        "graph_breaks_added": added,
+        "bit_equal": planned["bit_equal"],
+        "grad_difference": planned["grad_difference"],
+        "exact": exact,
+        "met": within and added <= 0 and exact,
+    }
