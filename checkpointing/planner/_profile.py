@@ -43,6 +43,7 @@ from .._saved_plan import grad_pattern
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
+from ._leftovers import leaving_nothing
 from ._records import ModuleProfile, OpCall, StepProfile, call_name
 
 __all__ = ["call_with_state", "fake_state", "profile_step"]
@@ -345,7 +346,8 @@ def profile_step(
     fallback = fake_profile_unavailable() or _no_fake_reason(model)
     if not fallback:
         try:
-            calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
+            with leaving_nothing(model):
+                calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
         except ValueError:
             raise
         except Exception as error:
@@ -356,7 +358,7 @@ def profile_step(
             ", so one real forward was profiled, keeping no activations, and backward was "
             "estimated as twice the forward"
         )
-        with untouched(model, backend):
+        with untouched(model, backend), leaving_nothing(model, fake=False):
             calls, recorder, backward = _run(model, example_inputs, rates, fake=False)
     modules, saved_by = calls.finish()
     host = _host_device(model, example_inputs)
