@@ -45,6 +45,7 @@ from .._steps import call_model, dropping_saved, require_grad, tensors_of, untou
 from ._cost import DeviceRates, builtin_rates, operator_cost
 from ._leftovers import leaving_nothing
 from ._records import ModuleProfile, OpCall, StepProfile, call_name
+from ._sharded import refuse_real_step, unsharded, unsharded_fake
 
 __all__ = ["call_with_state", "fake_state", "profile_step"]
 
@@ -249,7 +250,9 @@ def fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
     ]
     for name, tensor in named:
         if id(tensor) not in fakes:
-            fake = mode.from_tensor(tensor)
+            fake = unsharded_fake(mode, tensor)
+            if fake is None:
+                fake = mode.from_tensor(tensor)
             if isinstance(tensor, nn.Parameter) and tensor.requires_grad:
                 fake = fake.detach().requires_grad_(True)
             fakes[id(tensor)] = fake
@@ -346,7 +349,7 @@ def profile_step(
     fallback = fake_profile_unavailable() or _no_fake_reason(model)
     if not fallback:
         try:
-            with leaving_nothing(model):
+            with leaving_nothing(model), unsharded(model):
                 calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
         except ValueError:
             raise
@@ -354,6 +357,7 @@ def profile_step(
             first = str(error).splitlines()[0][:160] if str(error) else ""
             fallback = f"the model could not run on fake tensors ({type(error).__name__}: {first})"
     if fallback:
+        refuse_real_step(model, fallback)
         fallback += (
             ", so one real forward was profiled, keeping no activations, and backward was "
             "estimated as twice the forward"
