@@ -83,6 +83,8 @@ class SavedPlan:
         inputs: Storage to its position among the module's flattened tensor inputs.
         summary: What the plan drops and packs, for the plan's table.
         grads: The :func:`grad_pattern` of the profiled call (``None``: not recorded).
+        input_shapes: The shape of each tensor input of the profiled call (``None``:
+            not recorded).
     """
 
     module: str
@@ -92,6 +94,7 @@ class SavedPlan:
     inputs: dict[int, int]
     summary: str = ""
     grads: tuple[bool, ...] | None = None
+    input_shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def state_prefix(self) -> str:

@@ -28,7 +28,7 @@ from .._measure import storage_key
 from .._steps import require_grad, tensors_of
 from . import _stopwatch
 from ._cost import _CONVOLUTION, _MATMUL, _RNN_LAYERS, tensor_bytes
-from ._leftovers import leaving_nothing
+from ._leftovers import leaving_nothing, tracking
 from ._profile import call_with_state, fake_state
 from ._sharded import unsharded
 from ._stopwatch import Sizes
@@ -146,6 +146,7 @@ def _fake_step(model: nn.Module, example_inputs: Any, recorder: _Recorder) -> No
         )
     with ExitStack() as stack:
         stack.enter_context(mode)
+        stack.enter_context(tracking())
         stack.enter_context(recorder)
         output = call_with_state(model, state, inputs)
         outputs = require_grad(output)

@@ -43,7 +43,8 @@ from .._saved_plan import grad_pattern
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
-from ._leftovers import leaving_nothing
+from ._layouts import DeviceLayouts
+from ._leftovers import leaving_nothing, tracking
 from ._records import ModuleProfile, OpCall, StepProfile, call_name
 from ._sharded import refuse_real_step, unsharded, unsharded_fake
 
@@ -205,6 +206,7 @@ class _Calls:
             for running in (record, *recorder.stack):
                 running.running_stats = True
         record.grads = grad_pattern(module, tensors)
+        record.input_shapes = tuple(tuple(tensor.shape) for tensor in tensors)
         for tensor in tensors:
             index = recorder.identify(tensor)
             record.data_dependent |= index in recorder.shaped_by_data
@@ -292,6 +294,8 @@ def _run(
             stack.callback(module.register_forward_pre_hook(calls.before, with_kwargs=True).remove)
             stack.callback(module.register_forward_hook(calls.after).remove)
         stack.enter_context(mode if fake else nullcontext())
+        stack.enter_context(DeviceLayouts() if fake else nullcontext())
+        stack.enter_context(tracking())
         stack.enter_context(recorder)
         if fake:
             with torch.autograd.graph.saved_tensors_hooks(_keeping(calls.pack), _identity):

@@ -130,6 +130,7 @@ def encode_saved_plan(plan: SavedPlan) -> dict[str, Any]:
         },
         "inputs": {str(s): p for s, p in plan.inputs.items()},
         "grads": None if plan.grads is None else list(plan.grads),
+        "input_shapes": None if plan.input_shapes is None else [list(s) for s in plan.input_shapes],
     }
 
 
@@ -151,4 +152,9 @@ def decode_saved_plan(value: dict[str, Any]) -> SavedPlan:
         inputs={int(s): int(p) for s, p in value["inputs"].items()},
         summary=value["summary"],
         grads=None if value.get("grads") is None else tuple(value["grads"]),
+        input_shapes=(
+            None
+            if value.get("input_shapes") is None
+            else tuple(tuple(int(n) for n in shape) for shape in value["input_shapes"])
+        ),
     )
