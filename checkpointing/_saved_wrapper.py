@@ -130,7 +130,10 @@ class _Run:
         if not geometry.matches(tensor):
             if not self.checking:
                 raise self._mismatch(position, "has another shape, layout or dtype")
-            self.problem = f"saved tensor {position} is {_view(tensor)}, planned {geometry}"
+            self.problem = (
+                f"saved tensor {position} is {_view(Geometry.of(tensor))} where the plan "
+                f"has {_view(geometry)}"
+            )
             return self._outer_pack(tensor)
         pointer = storage_key(tensor)
         if self.pointers.setdefault(index, pointer) != pointer:
@@ -246,8 +249,10 @@ class _Run:
         return computed[index]
 
 
-def _view(tensor: torch.Tensor) -> str:
-    return str(Geometry.of(tensor))
+def _view(geometry: Geometry) -> str:
+    """``(4, 6, 16) float32, strides (96, 1, 6)``: a saved view, for messages."""
+    dtype = str(geometry.dtype).removeprefix("torch.")
+    return f"{geometry.size} {dtype}, strides {geometry.stride}"
 
 
 def _same(recomputed: torch.Tensor, saved: torch.Tensor) -> bool:

@@ -70,7 +70,9 @@ class DeviceLayouts(TorchDispatchMode):
             return out
         source = args[0]
         if source.device.type != "cpu":
-            return out  # CUDA's kernel keeps the input's layout, as the fake one does
+            # A GPU's kernel keeps the input's layout, as the fake kernel does; any other
+            # difference is caught by the saved-tensor wrapper's first-call check.
+            return out
         fmt = _cpu_batch_norm_format(source)
         first = out[0]
         if first.is_contiguous(memory_format=fmt):
