@@ -137,7 +137,7 @@ def record_calls(model: nn.Module, example_inputs: Any) -> list[_Call]:
 def _fake_step(model: nn.Module, example_inputs: Any, recorder: _Recorder) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # a cache's real tensors: constants
     with mode:
         state = fake_state(model, mode)
         inputs = tree_map(

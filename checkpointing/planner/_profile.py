@@ -268,7 +268,9 @@ def _run(
     """One step under the recorder: fake (forward and backward) or real (forward only)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode: Any = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
+    # Real tensors the model keeps outside its parameters and buffers (an index a real
+    # step left in a cache) are read as constants; the profile never writes to them.
+    mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     state: dict[str, torch.Tensor] = {}
     inputs = example_inputs
     if fake:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from accel._compat import fake_profile_unavailable
 from checkpointing import plan_checkpointing
@@ -203,9 +204,24 @@ def test_a_tensor_cached_in_forward_is_not_left_fake(cache: str) -> None:
     _plan_train_and_run_another(lambda: Model(cache), (x,))
 
 
-def test_only_what_the_step_left_outside_it_is_removed() -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
+@pytest.mark.parametrize("cache", ["module lru_cache", "class dict", "instance attribute"])
+def test_a_cache_a_real_step_filled_is_used_and_kept(cache: str) -> None:
+    # Planning after a real step (or a second time): the fake step reads the real index
+    # the cache holds (as a constant), and leaves it there.
+    _reset_caches()
+    x = torch.randn(BATCH, SEQ, WIDTH, generator=torch.Generator().manual_seed(1))
 
+    def warmed() -> nn.Module:
+        model = Model(cache)
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        return model
+
+    _plan_train_and_run_another(warmed, (x,))
+    assert not isinstance(Block.shared.get(SEQ, torch.empty(0)), FakeTensor)
+
+
+def test_only_what_the_step_left_outside_it_is_removed() -> None:
     _reset_caches()
     real = _lru_index(SEQ)
     Block.shared[SEQ] = real
