@@ -181,10 +181,10 @@ class _Run:
         """
         try:
             for position, dropped in self.held:
-                if self.problem:
+                saved = dropped.kept
+                if self.problem or saved is None:
                     break
-                assert dropped.kept is not None
-                if not _same(dropped.geometry.view(self._recompute(dropped.index)), dropped.kept):
+                if not _same(dropped.geometry.view(self._recompute(dropped.index)), saved):
                     self.problem = f"recomputing saved tensor {position} gives other values"
         except Exception as error:  # a recipe that does not run on this call's tensors
             first = str(error).splitlines()[0][:160] if str(error) else ""
@@ -283,6 +283,7 @@ class SavedTensorWrapper(CheckpointWrapper):
         super().__init__(module, backend=backend)
         self.plan = plan
         self._warned = False
+        self._warned_differs = False
         # Inputs' layout -> "" where a checked call matched the plan, else why not.
         self._verdicts: dict[tuple[Any, ...], str] = {}
 
@@ -349,6 +350,9 @@ class SavedTensorWrapper(CheckpointWrapper):
         return output
 
     def _warn_differs(self, reason: str) -> None:
+        if self._warned_differs:
+            return
+        self._warned_differs = True
         warnings.warn(
             f"checkpointing: {self.plan.module or 'the model'!r} was planned at the "
             "saved-tensor grain on a fake-tensor step, but its real forward on these "
