@@ -221,6 +221,30 @@ def test_a_cache_a_real_step_filled_is_used_and_kept(cache: str) -> None:
     assert not isinstance(Block.shared.get(SEQ, torch.empty(0)), FakeTensor)
 
 
+class _Remembers(nn.Module):
+    """Keeps its last forward's mask as an attribute, after an LSTM (a real-tensor profile)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(WIDTH, WIDTH, batch_first=True)
+        self.head = nn.Linear(WIDTH, 1)
+        self.last_mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.rnn(x)[0]
+        self.last_mask = hidden > 0
+        return self.head(hidden * self.last_mask)
+
+
+def test_the_real_tensor_profile_sets_the_models_attributes_back() -> None:
+    x = torch.randn(BATCH, SEQ, WIDTH, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = _Remembers().train()
+    plan = plan_checkpointing(model, (x,), memory_budget=0.5)
+    assert "Profiled on real tensors" in plan.note  # the LSTM has no fake workspace size
+    assert model.last_mask is None
+
+
 def test_only_what_the_step_left_outside_it_is_removed() -> None:
     _reset_caches()
     real = _lru_index(SEQ)
