@@ -1,7 +1,9 @@
 """The memory-budget planner: the fastest checkpointing that fits a memory budget.
 
 Its modules are its stages, in the order :func:`plan_checkpointing` (``_planning``)
-runs them: ``_profile`` records one step on fake tensors into ``_records``; ``_cost``
+runs them: ``_profile`` records one step on fake tensors into ``_records`` (laid out
+as the device's kernels lay them out, ``_layouts``; a model sharded with FSDP2 as each
+rank computes it, ``_sharded``; leaving nothing behind, ``_leftovers``); ``_cost``
 prices each operator call from FLOPs and bytes at a device's rates; ``_options`` lists
 the ways to checkpoint each module call (with ``_saved_grain`` and ``_kept_ops``);
 ``_search`` finds the combination that fits in the least time; ``_plan`` is the plan
