@@ -14,7 +14,9 @@ it. It works on whatever holds the tensor, not on a list of known caches:
   the model's module classes, the globals of the Python modules that define those
   classes, and the closure cells of the functions and methods found there;
 * **during** the step, a dispatch mode (:func:`tracking`, entered by the profile above
-  the fake-tensor mode) keeps a weak reference to every tensor an operator returns;
+  the fake-tensor mode) keeps a weak reference to every tensor an operator returns,
+  and what autograd saves is boxed (:func:`keeping_saved`), the boxes emptied at the
+  end, so that a step that fails before its backward frees its graph;
 * **after** the step, the ones still alive are held by something outside it. From
   each, the collector's referrers lead to the nearest holder that can be mended:
 
@@ -54,15 +56,36 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["leaving_nothing", "tracking"]
+__all__ = ["keeping_saved", "leaving_nothing", "tracking"]
 
 _DEPTH = 4  # holders between a tensor and the namespace or cache that keeps it
 _LRU_CACHE = type(functools.lru_cache(maxsize=None)(len))
 _MISSING = object()
 
 
+class _Box:
+    """What autograd keeps of a tensor the profiled step saves: the tensor, until emptied."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: torch.Tensor | None) -> None:
+        self.tensor = tensor
+
+
+def _unbox(box: _Box) -> torch.Tensor:
+    if box.tensor is None:
+        raise RuntimeError(
+            "checkpointing: backward through the planner's profiled step after it ended. "
+            "This is a bug in the planner; please report it."
+        )
+    return box.tensor
+
+
 class _Created(TorchDispatchMode):
-    """Keeps a weak reference to every tensor an operator returns (fake ones only, or all)."""
+    """Keeps a weak reference to every tensor an operator returns (fake ones only, or all).
+
+    It also boxes what the step saves for backward (:func:`keeping_saved`).
+    """
 
     def __init__(self, fake: bool) -> None:
         super().__init__()
@@ -70,6 +93,7 @@ class _Created(TorchDispatchMode):
 
         self.kind = FakeTensor if fake else torch.Tensor
         self.tensors: list[weakref.ref[torch.Tensor]] = []
+        self.boxes: list[_Box] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -89,6 +113,27 @@ def tracking() -> AbstractContextManager[Any]:
     """The dispatch mode that records the step's tensors, inside :func:`leaving_nothing`."""
     created = _ACTIVE.get()
     return nullcontext() if created is None else created
+
+
+def keeping_saved(record: Any) -> AbstractContextManager[Any]:
+    """Saved-tensor hooks for the profiled step: ``record`` sees each saved tensor.
+
+    Autograd keeps each in a box that :func:`leaving_nothing` empties when the step
+    ends. A hook that kept the tensor itself would tie it to its own graph (the graph
+    keeps the tensor, the tensor its graph) in a cycle the collector cannot see: a step
+    that fails before its backward (a data-dependent operator, an operator without a
+    fake kernel) would keep its tensors for good.
+    """
+    created = _ACTIVE.get()
+
+    def pack(tensor: torch.Tensor) -> _Box:
+        record(tensor)
+        box = _Box(tensor)
+        if created is not None:
+            created.boxes.append(box)
+        return box
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, _unbox)
 
 
 def _functions(value: Any) -> Iterator[types.FunctionType]:
@@ -287,10 +332,10 @@ def leaving_nothing(model: nn.Module, fake: bool = True) -> Iterator[None]:
         yield
     finally:
         _ACTIVE.reset(token)
-        if created.alive():
-            gc.collect()  # what only a reference cycle still holds is not left behind
-            tensors = created.alive()
-            created.tensors.clear()
-            if tensors:
-                _Mender(snapshot, model_only=not fake).mend(tensors)
-            del tensors
+        for box in created.boxes:
+            box.tensor = None
+        tensors = created.alive()
+        created.tensors.clear()
+        if tensors:
+            _Mender(snapshot, model_only=not fake).mend(tensors)
+        del tensors

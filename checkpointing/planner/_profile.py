@@ -44,7 +44,7 @@ from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
 from ._layouts import DeviceLayouts
-from ._leftovers import leaving_nothing, tracking
+from ._leftovers import keeping_saved, leaving_nothing, tracking
 from ._records import ModuleProfile, OpCall, StepProfile, call_name
 from ._sharded import refuse_real_step, unsharded, unsharded_fake
 
@@ -300,7 +300,7 @@ def _run(
         stack.enter_context(tracking())
         stack.enter_context(recorder)
         if fake:
-            with torch.autograd.graph.saved_tensors_hooks(_keeping(calls.pack), _identity):
+            with keeping_saved(calls.pack):
                 output = call_with_state(model, state, inputs)
             outputs = require_grad(output)
             recorder.backward = True
@@ -313,18 +313,6 @@ def _run(
             backward = 2.0 * recorder.forward_time
         del output
     return calls, recorder, backward
-
-
-def _keeping(record: Any) -> Any:
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        record(tensor)
-        return tensor
-
-    return pack
-
-
-def _identity(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
 
 
 def call_with_state(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
@@ -354,14 +342,17 @@ def profile_step(
     rates = builtin_rates(backend.device_type) if rates is None else rates
     fallback = fake_profile_unavailable() or _no_fake_reason(model)
     if not fallback:
-        try:
-            with leaving_nothing(model), unsharded(model):
+        # Outside the handler: a failed step's frames are gone before its leftovers are.
+        with leaving_nothing(model), unsharded(model):
+            try:
                 calls, recorder, backward = _run(model, example_inputs, rates, fake=True)
-        except ValueError:
-            raise
-        except Exception as error:
-            first = str(error).splitlines()[0][:160] if str(error) else ""
-            fallback = f"the model could not run on fake tensors ({type(error).__name__}: {first})"
+            except ValueError:
+                raise
+            except Exception as error:
+                first = str(error).splitlines()[0][:160] if str(error) else ""
+                fallback = (
+                    f"the model could not run on fake tensors ({type(error).__name__}: {first})"
+                )
     if fallback:
         refuse_real_step(model, fallback)
         fallback += (

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -243,6 +244,36 @@ def test_the_real_tensor_profile_sets_the_models_attributes_back() -> None:
     plan = plan_checkpointing(model, (x,), memory_budget=0.5)
     assert "Profiled on real tensors" in plan.note  # the LSTM has no fake workspace size
     assert model.last_mask is None
+
+
+class _Routed(nn.Module):
+    """Picks rows by their values (``nonzero``): a shape fake tensors cannot know."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(BLOCKS)))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.blocks(x)).exp()  # exp saves its output for backward
+        picked = hidden[hidden[..., 0] > 1]
+        return self.head(picked).sum() + hidden.sum()
+
+
+def _live_fakes() -> int:
+    gc.collect()
+    return sum(type(obj) is FakeTensor for obj in gc.get_referrers(FakeTensor))
+
+
+def test_a_step_that_fails_on_fake_tensors_leaves_none_alive() -> None:
+    # Its graph was tied to the tensors it saved, so the collector could not free it.
+    x = torch.randn(BATCH, SEQ, WIDTH, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    before = _live_fakes()
+    plan = plan_checkpointing(_Routed().train(), (x,), memory_budget=0.5)
+    if fake_profile_unavailable() is None:
+        assert "could not run on fake tensors" in plan.note
+    assert _live_fakes() == before
 
 
 def test_only_what_the_step_left_outside_it_is_removed() -> None:
