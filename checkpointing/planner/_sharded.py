@@ -111,11 +111,22 @@ def unsharded(model: nn.Module) -> Iterator[None]:
                 dtypes[id(param)] = param_dtype or param.dtype
         before, after = _stand_ins(state)
         pairs = ((module._forward_pre_hooks, before), (module._forward_hooks, after))
+        found = len(replaced)
         for hooks, stand_in in pairs:
             for key, hook in list(hooks.items()):
                 if _owned_by(hook, state):
                     replaced.append((hooks, key, hook))
                     hooks[key] = stand_in
+        if len(replaced) == found:
+            for hooks, key, hook in replaced:
+                hooks[key] = hook
+            raise ValueError(
+                f"checkpointing: the model is sharded with FSDP2, and this torch "
+                f"({torch.__version__}) registers FSDP2's forward hooks in a way the planner "
+                "does not know, so profiling would run them on fake tensors. Plan the model "
+                "before sharding it: plan = plan_checkpointing(model, ...), "
+                "plan.apply(model), then fully_shard each block and the root."
+            )
     token = _SHARDED.set(dtypes)
     try:
         yield

@@ -6,7 +6,8 @@ training steps (SGD between them) must equal, bit for bit, those of the same sha
 model unplanned, on each rank. Planning runs no FSDP2 hook and
 leaves nothing in FSDP2's state (the first real step would fail in
 ``fsdp.all_gather_copy_in`` otherwise). A sharded model that cannot run on fake
-tensors (an LSTM inside) is refused, with the order to use instead.
+tensors (an LSTM inside) is refused, with the order to use instead, and so is one
+whose FSDP2 hooks the planner cannot find (another torch's FSDP2).
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from accel_two_ranks import run_two_ranks  # loaded by tests/conftest.py
+from torch import nn
 
 from accel._compat import FSDP2_MIN_RELEASE_OFF_CUDA, torch_release
+from checkpointing import plan_checkpointing
 
-pytestmark = [
-    pytest.mark.slow,  # starts two processes
-    pytest.mark.skipif(
-        torch_release() < FSDP2_MIN_RELEASE_OFF_CUDA,
-        reason="FSDP2 runs on the CPU (gloo) from torch "
-        f"{'.'.join(map(str, FSDP2_MIN_RELEASE_OFF_CUDA))}; older releases need CUDA",
-    ),
-]
+FSDP2_ON_CPU = pytest.mark.skipif(
+    torch_release() < FSDP2_MIN_RELEASE_OFF_CUDA,
+    reason="FSDP2 runs on the CPU (gloo) from torch "
+    f"{'.'.join(map(str, FSDP2_MIN_RELEASE_OFF_CUDA))}; older releases need CUDA",
+)
 
 WORKER = textwrap.dedent(
     """
@@ -116,6 +117,8 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # starts two processes
+@FSDP2_ON_CPU
 def test_a_model_sharded_before_planning_trains_exactly(tmp_path: Path) -> None:
     results = run_two_ranks(WORKER, tmp_path, 300)
     for rank, result in enumerate(results):
@@ -123,3 +126,16 @@ def test_a_model_sharded_before_planning_trains_exactly(tmp_path: Path) -> None:
         assert result["decisions"] == ["checkpoint", "recompute saved"], (rank, result)
         assert result["fits"], (rank, result)
         assert "Plan the model before sharding it" in result["refused"], (rank, result)
+
+
+class _Sharded(nn.Linear):
+    """Looks like an FSDP2 module whose torch registers its hooks in an unknown way."""
+
+    def _get_fsdp_state(self) -> object:
+        return object()
+
+
+def test_fsdp2_hooks_the_planner_cannot_find_are_refused() -> None:
+    model = nn.Sequential(_Sharded(4, 4), nn.Linear(4, 1))
+    with pytest.raises(ValueError, match="Plan the model before sharding it"):
+        plan_checkpointing(model, (torch.randn(2, 4),), memory_budget=0.5)
