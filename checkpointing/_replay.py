@@ -118,15 +118,26 @@ _UNSAFE_TAGS = tuple(
 )
 
 
+# Batch norm kernels that update the running statistics in place in training although
+# their schema marks no argument as written (``_native_batch_norm_legit`` and
+# ``_batch_norm_with_update`` mark theirs): run again, they would update them twice.
+_UNMARKED_WRITES = frozenset(
+    {"aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm"}
+)
+
+
 def replayable(func: Any) -> bool:
     """Whether calling the aten operator ``func`` again gives the same bytes.
 
-    It must draw no random numbers, be bitwise deterministic, write nothing in place,
-    return no view of an argument and not leave its output uninitialised (``empty``,
-    ``empty_like``: their bytes are whatever the allocator hands out).
+    It must draw no random numbers, be bitwise deterministic, write nothing in place
+    (its schema's ``a!``, or running statistics, which some batch norm kernels write
+    unmarked), return no view of an argument and not leave its output uninitialised
+    (``empty``, ``empty_like``: their bytes are whatever the allocator hands out).
     """
     schema = getattr(func, "_schema", None)
     if schema is None or any(tag in func.tags for tag in _UNSAFE_TAGS):
+        return False
+    if schema.name in _UNMARKED_WRITES:
         return False
     if "empty" in schema.name:
         return False

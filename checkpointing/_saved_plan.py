@@ -90,6 +90,8 @@ class SavedPlan:
             (a whole-module region), ``"recompute cheap ops"`` (a selective region by
             operator class) or ``"keep"`` (as it is), chosen by the planner so that the
             plan's estimate holds (:mod:`checkpointing.planner._compiled`).
+        input_shapes: The shape of each tensor input of the profiled call (``None``:
+            not recorded).
     """
 
     module: str
@@ -100,6 +102,7 @@ class SavedPlan:
     summary: str = ""
     grads: tuple[bool, ...] | None = None
     compiled_as: str = FULL
+    input_shapes: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def state_prefix(self) -> str:

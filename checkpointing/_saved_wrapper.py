@@ -3,9 +3,8 @@
 Around the wrapped module's forward it installs saved-tensor hooks that count the
 tensors autograd saves. At a planned position the tensor must be the view the profile
 saw (shape, strides, offset, dtype, storage size, and the same storage wherever the
-plan says so); otherwise the forward raises :class:`CheckpointError` with the
-generators put back, since a recipe built for other tensors would not give the
-forward's values. Planned tensors are then:
+plan says so), since a recipe built for other tensors would not give the forward's
+values. Planned tensors are then:
 
 * kept and remembered (``"leaf"``): a recipe reads them in backward; their version
   counters are checked then, as autograd checks its own saved tensors;
@@ -20,6 +19,19 @@ any, unchanged. Under ``torch.compile``, where saved-tensor hooks cannot be trac
 module runs as its plan's compiled form (``SavedPlan.compiled_as``: a whole or
 selective checkpointed region, which the compiler honours, or the module as it is),
 which the planner chose so that the plan's estimated bytes still hold.
+
+The plan was made on a fake-tensor step, and a device's kernels may lay out or save
+tensors otherwise than their fake counterparts. So the first call with inputs of the
+planned shapes (and each later one whose inputs have other strides) is *checked*: every
+tensor it would drop is kept meanwhile, and at the end of its forward each recipe runs
+and its result is compared, bit for bit, with the tensor autograd saved. If every saved
+tensor matched the plan and every recipe gave the saved values, the kept tensors are
+released and the plan holds for such calls. Otherwise this call keeps its tensors (it
+is exact, as the plain module) and later such calls are checkpointed whole, with one
+warning that says why. The forward runs once either way (running statistics update
+once). A call whose inputs have other shapes than the profiled ones raises
+:class:`CheckpointError` at the first saved tensor that differs, with the generators put
+back: the plan was made for other inputs.
 
 Which tensors autograd saves depends on which inputs and parameters need grad (a
 linear layer saves its weight only when its input needs grad). A call whose pattern
@@ -66,19 +78,31 @@ class _Outer:
 
 
 class _Dropped:
-    """A dropped saved tensor: which storage, and the view autograd saved of it."""
+    """A dropped saved tensor: which storage, and the view autograd saved of it.
 
-    def __init__(self, run: _Run, index: int, geometry: Geometry) -> None:
+    On a checked call it keeps the tensor itself (``kept``) until its recipe has given
+    the same values.
+    """
+
+    def __init__(
+        self, run: _Run, index: int, geometry: Geometry, kept: torch.Tensor | None = None
+    ) -> None:
         self.run = run
         self.index = index
         self.geometry = geometry
+        self.kept = kept
 
 
 class _Run:
     """One forward of the wrapped module: its saved tensors counted by position."""
 
-    def __init__(self, wrapper: SavedTensorWrapper, inputs: list[torch.Tensor]) -> None:
+    def __init__(
+        self, wrapper: SavedTensorWrapper, inputs: list[torch.Tensor], checking: bool = False
+    ) -> None:
         self.plan = wrapper.plan
+        self.checking = checking
+        self.held: list[tuple[int, _Dropped]] = []  # a checked call's dropped tensors
+        self.problem = ""  # why a checked call's saved tensors do not match the plan
         self.module = wrapper.module
         self.position = 0
         self.leaves: dict[int, torch.Tensor | Packed] = {}
@@ -104,15 +128,24 @@ class _Run:
         position = self.position
         self.position += 1
         planned = self.plan.positions.get(position)
-        if planned is None:
+        if planned is None or self.problem:
             return self._outer_pack(tensor)
         action, index = planned
         geometry = self.plan.geometries[position]
         if not geometry.matches(tensor):
-            raise self._mismatch(position, "has another shape, layout or dtype")
+            if not self.checking:
+                raise self._mismatch(position, "has another shape, layout or dtype")
+            self.problem = (
+                f"saved tensor {position} is {_view(Geometry.of(tensor))} where the plan "
+                f"has {_view(geometry)}"
+            )
+            return self._outer_pack(tensor)
         pointer = storage_key(tensor)
         if self.pointers.setdefault(index, pointer) != pointer:
-            raise self._mismatch(position, "lives in another storage than planned")
+            if not self.checking:
+                raise self._mismatch(position, "lives in another storage than planned")
+            self.problem = f"saved tensor {position} lives in another storage than planned"
+            return self._outer_pack(tensor)
         if action == LEAF:
             self._remember(index, tensor)
         elif action == PACK:
@@ -123,7 +156,10 @@ class _Run:
                 return packed
             self._remember(index, tensor)
         elif action == DROP:
-            return _Dropped(self, index, geometry)
+            dropped = _Dropped(self, index, geometry, tensor if self.checking else None)
+            if self.checking:
+                self.held.append((position, dropped))
+            return dropped
         return self._outer_pack(tensor)
 
     def _outer_pack(self, tensor: torch.Tensor) -> Any:
@@ -131,6 +167,8 @@ class _Run:
 
     def unpack(self, packed: Any) -> torch.Tensor:
         if isinstance(packed, _Dropped):
+            if packed.kept is not None:
+                return packed.kept
             return packed.geometry.view(self._recompute(packed.index))
         if isinstance(packed, Packed):
             return packed.unpack()
@@ -139,6 +177,29 @@ class _Run:
             return result
         tensor: torch.Tensor = packed
         return tensor
+
+    def check(self) -> str:
+        """After a checked forward: why the plan does not hold for it, or empty.
+
+        Runs every dropped tensor's recipe and compares its result with the tensor
+        autograd saved; releases the saved tensors where all match.
+        """
+        try:
+            for position, dropped in self.held:
+                saved = dropped.kept
+                if self.problem or saved is None:
+                    break
+                if not _same(dropped.geometry.view(self._recompute(dropped.index)), saved):
+                    self.problem = f"recomputing saved tensor {position} gives other values"
+        except Exception as error:  # a recipe that does not run on this call's tensors
+            first = str(error).splitlines()[0][:160] if str(error) else ""
+            self.problem = f"recomputing its saved tensors failed ({type(error).__name__}: {first})"
+        self.cache.clear()
+        if not self.problem:
+            for _, dropped in self.held:
+                dropped.kept = None
+        self.held.clear()
+        return self.problem
 
     def _leaf(self, index: int) -> torch.Tensor:
         leaf = self.leaves.get(index)
@@ -193,6 +254,27 @@ class _Run:
         return computed[index]
 
 
+def _view(geometry: Geometry) -> str:
+    """``(4, 6, 16) float32, strides (96, 1, 6)``: a saved view, for messages."""
+    dtype = str(geometry.dtype).removeprefix("torch.")
+    return f"{geometry.size} {dtype}, strides {geometry.stride}"
+
+
+def _same(recomputed: torch.Tensor, saved: torch.Tensor) -> bool:
+    """Whether two tensors hold the same values, NaN where the other has NaN."""
+    if recomputed.shape != saved.shape or recomputed.dtype != saved.dtype:
+        return False
+    if recomputed.is_floating_point() or recomputed.is_complex():
+        same = (recomputed == saved) | (recomputed.isnan() & saved.isnan())
+        return bool(same.all())
+    return torch.equal(recomputed, saved)
+
+
+def _layout(inputs: list[torch.Tensor]) -> tuple[Any, ...]:
+    """What a checked call's verdict holds for: its inputs' shapes, strides and dtypes."""
+    return tuple((tuple(t.shape), t.stride(), t.storage_offset(), t.dtype) for t in inputs)
+
+
 class SavedTensorWrapper(CheckpointWrapper):
     """Runs ``module`` with a :class:`SavedPlan`: some saved tensors dropped or packed.
 
@@ -211,6 +293,9 @@ class SavedTensorWrapper(CheckpointWrapper):
         super().__init__(module, backend=backend, preserve_rng_state=preserve_rng_state)
         self.plan = plan
         self._warned = False
+        self._warned_differs = False
+        # Inputs' layout -> "" where a checked call matched the plan, else why not.
+        self._verdicts: dict[tuple[Any, ...], str] = {}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module's forward with the plan's saved-tensor hooks.
@@ -230,7 +315,13 @@ class SavedTensorWrapper(CheckpointWrapper):
         if grads is not None and grad_pattern(self.module, inputs) != grads:
             self._warn_whole()
             return super().forward(*args, **kwargs)
-        return self._hooked(args, kwargs, inputs)
+        layout = _layout(inputs)
+        verdict = self._verdicts.get(layout)
+        if verdict:
+            return super().forward(*args, **kwargs)
+        shapes = self.plan.input_shapes
+        planned = shapes is None or shapes == tuple(tuple(t.shape) for t in inputs)
+        return self._hooked(args, kwargs, inputs, layout if verdict is None and planned else None)
 
     def _compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The module as the plan's compiled form (``plan.compiled_as``).
@@ -273,16 +364,39 @@ class SavedTensorWrapper(CheckpointWrapper):
     # module's own frames compiled, its saved tensors would not be the planned ones.
     @torch.compiler.disable  # type: ignore[untyped-decorator]
     def _hooked(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], inputs: list[torch.Tensor]
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        inputs: list[torch.Tensor],
+        checked: tuple[Any, ...] | None = None,
     ) -> Any:
-        run = _Run(self, inputs)
+        run = _Run(self, inputs, checking=checked is not None)
         state = ForwardState.capture(self._backend_ref.get() or accel.get_backend(), True, inputs)
         try:
             with torch.autograd.graph.saved_tensors_hooks(run.pack, run.unpack):
-                return self.module(*args, **kwargs)
+                output = self.module(*args, **kwargs)
         except CheckpointError:
             state.restore_rng()
             raise
+        if checked is not None:
+            self._verdicts[checked] = reason = run.check()
+            if reason:
+                self._warn_differs(reason)
+        return output
+
+    def _warn_differs(self, reason: str) -> None:
+        if self._warned_differs:
+            return
+        self._warned_differs = True
+        warnings.warn(
+            f"checkpointing: {self.plan.module or 'the model'!r} was planned at the "
+            "saved-tensor grain on a fake-tensor step, but its real forward on these "
+            f"inputs saves other tensors than the plan lists ({reason}): this device lays "
+            "out or saves tensors otherwise than the fake profile. Such calls are "
+            "checkpointed whole instead: exact, keeping less memory, recomputing more.",
+            UserWarning,
+            stacklevel=_user_stacklevel(),
+        )
 
     def extra_repr(self) -> str:
         return self.plan.summary

@@ -6,7 +6,11 @@
    else the built-in ones (``_default_rates``; the plan's note names a cache it read);
 2. profile: one training step on fake tensors records, per module call, what autograd
    saves and every operator call (``_profile``, into ``_records``), each call priced as
-   it is recorded by the cost model: FLOPs and bytes at the rates (``_cost``);
+   it is recorded by the cost model: FLOPs and bytes at the rates (``_cost``); tensors
+   laid out as the device's kernels lay them out (``_layouts``), attention run through
+   the kernel the device would choose (``_kernels``), a model sharded with FSDP2 as each
+   rank computes it (``_sharded``), and nothing of the fake step left behind
+   (``_leftovers``);
 3. options: the ways to checkpoint each module call, with the bytes each keeps and the
    seconds it costs (``_options``, with ``_saved_grain`` and ``_kept_ops``);
 4. search: the combination that fits the budget in the least estimated time

@@ -44,7 +44,10 @@ from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
 from ._cost import DeviceRates, builtin_rates, operator_cost
 from ._kernels import device_kernels
+from ._layouts import DeviceLayouts
+from ._leftovers import keeping_saved, leaving_nothing, tracking
 from ._records import ModuleProfile, OpCall, StepProfile, call_name
+from ._sharded import refuse_real_step, unsharded, unsharded_fake
 
 __all__ = ["call_with_state", "fake_state", "profile_step"]
 
@@ -204,6 +207,7 @@ class _Calls:
             for running in (record, *recorder.stack):
                 running.running_stats = True
         record.grads = grad_pattern(module, tensors)
+        record.input_shapes = tuple(tuple(tensor.shape) for tensor in tensors)
         for tensor in tensors:
             index = recorder.identify(tensor)
             record.data_dependent |= index in recorder.shaped_by_data
@@ -249,7 +253,9 @@ def fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
     ]
     for name, tensor in named:
         if id(tensor) not in fakes:
-            fake = mode.from_tensor(tensor)
+            fake = unsharded_fake(mode, tensor)
+            if fake is None:
+                fake = mode.from_tensor(tensor)
             if isinstance(tensor, nn.Parameter) and tensor.requires_grad:
                 fake = fake.detach().requires_grad_(True)
             fakes[id(tensor)] = fake
@@ -267,7 +273,9 @@ def _run(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode: Any = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
+    # Real tensors the model keeps outside its parameters and buffers (an index a real
+    # step left in a cache) are read as constants; the profile never writes to them.
+    mode: Any = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     state: dict[str, torch.Tensor] = {}
     inputs = example_inputs
     if fake:
@@ -294,9 +302,11 @@ def _run(
             stack.callback(module.register_forward_hook(calls.after).remove)
         stack.enter_context(mode if fake else nullcontext())
         stack.enter_context(device_kernels(backend) if fake else nullcontext())
+        stack.enter_context(DeviceLayouts() if fake else nullcontext())
+        stack.enter_context(tracking())
         stack.enter_context(recorder)
         if fake:
-            with torch.autograd.graph.saved_tensors_hooks(_keeping(calls.pack), _identity):
+            with keeping_saved(calls.pack):
                 output = call_with_state(model, state, inputs)
             outputs = require_grad(output)
             recorder.backward = True
@@ -309,18 +319,6 @@ def _run(
             backward = 2.0 * recorder.forward_time
         del output
     return calls, recorder, backward
-
-
-def _keeping(record: Any) -> Any:
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        record(tensor)
-        return tensor
-
-    return pack
-
-
-def _identity(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
 
 
 def call_with_state(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
@@ -351,19 +349,24 @@ def profile_step(
     rates = builtin_rates(backend.device_type) if rates is None else rates
     fallback = fake_profile_unavailable() or _no_fake_reason(model)
     if not fallback:
-        try:
-            calls, recorder, backward = _run(model, example_inputs, rates, True, backend)
-        except ValueError:
-            raise
-        except Exception as error:
-            first = str(error).splitlines()[0][:160] if str(error) else ""
-            fallback = f"the model could not run on fake tensors ({type(error).__name__}: {first})"
+        # Outside the handler: a failed step's frames are gone before its leftovers are.
+        with leaving_nothing(model), unsharded(model):
+            try:
+                calls, recorder, backward = _run(model, example_inputs, rates, True, backend)
+            except ValueError:
+                raise
+            except Exception as error:
+                first = str(error).splitlines()[0][:160] if str(error) else ""
+                fallback = (
+                    f"the model could not run on fake tensors ({type(error).__name__}: {first})"
+                )
     if fallback:
+        refuse_real_step(model, fallback)
         fallback += (
             ", so one real forward was profiled, keeping no activations, and backward was "
             "estimated as twice the forward"
         )
-        with untouched(model, backend):
+        with untouched(model, backend), leaving_nothing(model, fake=False):
             calls, recorder, backward = _run(model, example_inputs, rates, False, backend)
     modules, saved_by = calls.finish()
     host = _host_device(model, example_inputs)

@@ -58,6 +58,7 @@ class ModuleProfile:
     ops: list[OpCall] = field(default_factory=list)
     packs: list[tuple[int | None, Geometry]] = field(default_factory=list)
     input_order: list[int | None] = field(default_factory=list)
+    input_shapes: tuple[tuple[int, ...], ...] = ()  # each tensor input's shape
     grads: tuple[bool, ...] = ()  # requires_grad of each tensor input, then each parameter
 
 

@@ -252,4 +252,5 @@ def saved_plan(profile: StepProfile, name: str, units: list[SavedUnit]) -> Saved
         inputs={i: p for i, p in module.inputs.items() if i in needed},
         summary=saved_summary(units),
         grads=record.grads,
+        input_shapes=record.input_shapes,
     )

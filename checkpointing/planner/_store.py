@@ -132,6 +132,7 @@ def encode_saved_plan(plan: SavedPlan) -> dict[str, Any]:
         "inputs": {str(s): p for s, p in plan.inputs.items()},
         "grads": None if plan.grads is None else list(plan.grads),
         "compiled_as": plan.compiled_as,
+        "input_shapes": None if plan.input_shapes is None else [list(s) for s in plan.input_shapes],
     }
 
 
@@ -155,4 +156,9 @@ def decode_saved_plan(value: dict[str, Any]) -> SavedPlan:
         grads=None if value.get("grads") is None else tuple(value["grads"]),
         # Plans saved before it was recorded run as a whole-module region under compile.
         compiled_as=str(value.get("compiled_as", FULL)),
+        input_shapes=(
+            None
+            if value.get("input_shapes") is None
+            else tuple(tuple(int(n) for n in shape) for shape in value["input_shapes"])
+        ),
     )

@@ -25,7 +25,9 @@ from accel import Accelerator
 from ..._measure import storage_key
 from ..._steps import require_grad, tensors_of
 from .._cost import _CONVOLUTION, _MATMUL, _RNN_LAYERS, tensor_bytes
+from .._leftovers import leaving_nothing, tracking
 from .._profile import call_with_state, fake_state
+from .._sharded import unsharded
 from . import _stopwatch
 from ._stopwatch import Sizes
 
@@ -115,23 +117,10 @@ class _Recorder(TorchDispatchMode):
 
 def record_calls(model: nn.Module, example_inputs: Any) -> list[_Call]:
     """The priced-by-bytes operator calls of one step of ``model``, run on fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
     recorder = _Recorder()
     try:
-        with mode:
-            state = fake_state(model, mode)
-            inputs = tree_map(
-                lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
-                example_inputs,
-            )
-        with ExitStack() as stack:
-            stack.enter_context(mode)
-            stack.enter_context(recorder)
-            output = call_with_state(model, state, inputs)
-            outputs = require_grad(output)
-            torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+        with leaving_nothing(model), unsharded(model):
+            _fake_step(model, example_inputs, recorder)
     except ValueError:
         raise
     except Exception as error:  # reported with what to do instead
@@ -141,6 +130,25 @@ def record_calls(model: nn.Module, example_inputs: Any) -> list[_Call]:
             "Calibrate without model= (the per-operator rates then are the built-in ones)."
         ) from error
     return recorder.calls
+
+
+def _fake_step(model: nn.Module, example_inputs: Any, recorder: _Recorder) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # a cache's real tensors: constants
+    with mode:
+        state = fake_state(model, mode)
+        inputs = tree_map(
+            lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t,
+            example_inputs,
+        )
+    with ExitStack() as stack:
+        stack.enter_context(mode)
+        stack.enter_context(tracking())
+        stack.enter_context(recorder)
+        output = call_with_state(model, state, inputs)
+        outputs = require_grad(output)
+        torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
 
 
 def _real(spec: _Spec, device: torch.device) -> torch.Tensor:
