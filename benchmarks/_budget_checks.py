@@ -18,6 +18,10 @@ rule's own measured memory (``plan at <rule>'s memory``) and times that plan in 
 rounds; :func:`dominance` compares each rule with that plan and with every other plan
 of the run (the budget rows), and a family is dominated where any rule dominates any
 plan. The issue's target is 0 dominated families.
+
+*Targets.* At budget 0.5: memory at most :data:`TARGET_BYTES` of plain's (+2%), the step
+at most :data:`TARGET_TIME` of plain's (:data:`TARGET_TRANSFORMER` on the
+transformer-shaped families), exact; :func:`summary_at_half` gives the 0.5 row's verdict.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ __all__ = [
     "AGREEMENT",
     "DOMINANCE_MARGIN",
     "RULES",
+    "TARGET_BYTES",
+    "TARGET_TIME",
+    "TARGET_TRANSFORMER",
     "at_memory",
     "count_dominated",
     "dominance",
     "is_plan",
     "noise",
     "print_dominance",
+    "summary_at_half",
 ]
 
 #: Two timings of the same thing agree when their ratios to plain differ by at most this.
@@ -47,6 +55,9 @@ AGREEMENT = 0.03
 DOMINANCE_MARGIN = 0.03
 #: The fixed rules people write by hand, as bench_budget names its variants.
 RULES = ("torch selective", "torchtitan op rule")
+#: At budget 0.5: activation memory over plain's, step time over plain's (any family, and
+#: the transformer-shaped ones).
+TARGET_BYTES, TARGET_TIME, TARGET_TRANSFORMER = 0.5, 1.20, 1.15
 #: The suffix of a variant timed a second time, for the noise.
 AGAIN = " again"
 #: So that ratios exactly ``margin`` apart (1.09 - 1.06 in floats) do not count as more.
@@ -147,6 +158,37 @@ def dominance(
         "rules": found,
         "dominated": any(rule["dominates"] for rule in found.values()),
         "margin": margin,
+    }
+
+
+def summary_at_half(
+    half: dict[str, Any] | None, limit: float, full_ratio: float, run_noise: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The budget-0.5 row's summary: memory, measured and estimated time, the targets.
+
+    ``None`` where the planner gave no plan at 0.5. ``met`` is the time target (``limit``),
+    the budget plus 2% and exactness together; ``not_slower_than_full`` is reported apart;
+    ``noise`` is the run's (:func:`noise`).
+    """
+    if half is None:
+        return None
+    time_met = half["measured"] <= limit
+    fits = half["bytes_ratio"] <= TARGET_BYTES + 0.02
+    exact = bool(half["exact"])
+    return {
+        "bytes_ratio": half["bytes_ratio"],
+        "measured": half["measured"],
+        "estimate": half["estimate"],
+        "estimate_error": half["estimate_error"],
+        "noise": run_noise["noise"],
+        "time_target": limit,
+        "time_met": time_met,
+        "fits": fits,
+        "exact": exact,
+        "bit_equal": half.get("bit_equal"),
+        "grad_difference": half.get("grad_difference"),
+        "not_slower_than_full": half["measured"] <= full_ratio,
+        "met": time_met and fits and exact,
     }
 
 

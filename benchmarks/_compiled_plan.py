@@ -9,7 +9,7 @@ plain model compiled) on three counts:
 * graph breaks: the planned model's, counted by dynamo while its first step compiles,
   minus the plain model's: none added;
 * exactness: the loss and every gradient bit-equal to the compiled plain model's, or
-  within ``COMPILED_TOLERANCE`` (relative, as ``bench_budget.difference`` measures it),
+  within ``COMPILED_TOLERANCE`` (relative, as ``_budget_measure.difference`` measures it),
   since a compiler may fuse a recomputed region otherwise.
 """
 

@@ -1,4 +1,9 @@
-"""fairscale's OffloadModel timed beside ours, with out-of-memory as a result, not a crash.
+"""Today's peers timed beside ours under the same cap, out-of-memory a result, not a crash.
+
+:func:`compare_fsdp2`, :func:`compare_fairscale` and :func:`compare_deepspeed` (its child
+process: :func:`deepspeed_peer`) time each peer on the same blocks with the same host
+optimizer; how each is built is in ``_offload_peers.py``. A peer that runs out of memory
+under the cap is timed again under a raised cap (:func:`time_under_caps`).
 
 fairscale 0.4.13 keeps every shard's input gradient during backward, so under the cap
 ours runs in (3 GiB for the default model) it needs about 3.25 GiB and runs out of
@@ -12,11 +17,26 @@ blocks cached, so between the wrappers the host cache is emptied as well as the 
 
 from __future__ import annotations
 
+import argparse
+import copy
 import gc
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from _offload_measure import (
+    allocator_retries,
+    cap_memory,
+    host_optimizer,
+    limit_device_memory,
+    make_model,
+    peer_caps,
+    timed_training,
+    train,
+)
+from torch import nn
 
 from accel import Accelerator
 
@@ -25,6 +45,8 @@ from accel import Accelerator
 T = TypeVar("T")
 
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
+#: The script whose ``--peer deepspeed`` is DeepSpeed's child process.
+SCRIPT = Path(__file__).with_name("bench_offload.py")
 
 
 def empty_host_cache() -> str:
@@ -100,3 +122,154 @@ def speedup_target(
         return {"value": None, "target": wanted, "met": None, "note": note}
     value = theirs / ours
     return {"value": value, "target": wanted, "met": value >= wanted, "note": note}
+
+
+def compare_fsdp2(
+    backend: Accelerator, reference: nn.Sequential, x: torch.Tensor, args: argparse.Namespace
+) -> tuple[dict[str, list[float]] | None, dict[str, Any]]:
+    """Time FSDP2 with CPU offload under the cap, then a raised cap if it runs out.
+
+    A refusal or running out of memory under every cap is its result.
+    """
+    from _offload_peers import PIN_REFUSAL, build_fsdp2, first_line, single_process_group
+
+    device = backend.device()
+    record: dict[str, Any] = {"units": "one per block, each block checkpointed; the whole batch"}
+
+    def build() -> nn.Module:
+        try:
+            model = build_fsdp2(reference, device)
+            record["pin_memory"] = True
+        except RuntimeError as exc:
+            if PIN_REFUSAL not in str(exc) or backend.device_type == "cuda":
+                raise
+            # The host without an accelerator: torch cannot pin. Same code, unpinned.
+            record["pinned_refusal"] = first_line(exc)
+            model = build_fsdp2(reference, device, pin_memory=False)
+            record["pin_memory"] = False
+        return model
+
+    def time_steps(model: nn.Module) -> dict[str, list[float]]:
+        backend.reset_peak_memory_stats()
+        before = allocator_retries(backend)
+        times = train(backend, model, x.to(device), args.steps)
+        after = allocator_retries(backend)
+        record["peak_device_bytes"] = backend.max_memory_allocated()
+        if before is not None and after is not None:
+            record["allocator_retries"] = after - before
+        return times
+
+    try:
+        with single_process_group(device.type):
+            times, outcome = time_under_caps(
+                peer_caps(args),
+                build,
+                time_steps,
+                lambda gib: cap_memory(backend, args, gib),
+                lambda: release_memory(backend),
+            )
+    except Exception as exc:  # a peer's failure is a result, never the run's end
+        record["result"] = f"failed: {first_line(exc)}"
+        release_memory(backend)
+        return None, record
+    finally:
+        cap_memory(backend, args, args.budget_gib)  # the budget again, for the next peer
+    record.update(outcome)
+    if times is not None and not record["pin_memory"]:
+        record["result"] = record["result"].replace("timed", "timed with unpinned shards")
+    return times, record
+
+
+def compare_deepspeed(
+    backend: Accelerator, args: argparse.Namespace, left_s: float = float("inf")
+) -> dict[str, Any]:
+    """Time DeepSpeed ZeRO-3 with CPU offload in a child process, where it can run at all."""
+    from _offload_peers import deepspeed_status, run_deepspeed_child
+
+    why_not = deepspeed_status(backend.device_type)
+    if why_not is not None:
+        return {"result": why_not}
+    options = [
+        "--backend", backend.name, "--steps", str(args.steps),
+        "--budget-gib", str(args.budget_gib), "--blocks", str(args.blocks),
+        "--width", str(args.width), "--tokens", str(args.tokens),
+    ]  # fmt: skip
+    timeout_s = min(args.deepspeed_timeout_s, left_s)
+    record = run_deepspeed_child(SCRIPT, options, timeout_s)
+    record.setdefault("timeout_s", timeout_s)
+    return record
+
+
+def deepspeed_peer(backend: Accelerator, args: argparse.Namespace) -> None:
+    """The child process of ``compare_deepspeed``: print one JSON line with the times."""
+    from _offload_peers import deepspeed_engine
+
+    device = backend.device()
+    if backend.device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    x = torch.randn(args.tokens, args.width, generator=torch.Generator().manual_seed(1))
+    limit_device_memory(backend, int(args.budget_gib * 2**30))
+    record: dict[str, Any] = {}
+    before = allocator_retries(backend)
+    try:
+        engine = deepspeed_engine(
+            lambda: make_model(args.blocks, args.width, 4 * args.width), host_optimizer
+        )
+        inputs = x.to(device)
+
+        def forward_backward() -> None:
+            engine.backward(engine(inputs).square().mean())
+
+        times = timed_training(backend, forward_backward, engine.step, args.steps)
+        record.update(times)
+        record["result"] = "timed"
+    except OUT_OF_MEMORY as exc:
+        record["result"] = f"out of memory under the {args.budget_gib:g} GiB cap: {exc}"[:300]
+    after = allocator_retries(backend)
+    record["peak_device_bytes"] = backend.max_memory_allocated()
+    if before is not None and after is not None:
+        record["allocator_retries"] = after - before
+    print(json.dumps(record))
+
+
+def compare_fairscale(
+    backend: Accelerator,
+    reference: nn.Module,
+    x: torch.Tensor,
+    args: argparse.Namespace,
+    slices: int,
+    micro: int,
+) -> tuple[dict[str, list[float]] | None, dict[str, Any]]:
+    """Time fairscale's OffloadModel under the cap, then a raised cap if it runs out."""
+    try:
+        from fairscale.experimental.nn.offload import OffloadModel as FairscaleOffload
+    except ImportError as exc:
+        return None, {"result": "not installed", "error": str(exc)}
+    device = backend.device()
+
+    def build() -> nn.Module:
+        return FairscaleOffload(
+            copy.deepcopy(reference),
+            device=device,
+            offload_device=torch.device("cpu"),
+            num_slices=slices,
+            checkpoint_activation=True,
+            num_microbatches=micro,
+        )
+
+    def time_steps(theirs: nn.Module) -> dict[str, list[float]]:
+        return train(backend, theirs, x.to(device), args.steps)
+
+    try:
+        return time_under_caps(
+            peer_caps(args),
+            build,
+            time_steps,
+            lambda gib: cap_memory(backend, args, gib),
+            lambda: release_memory(backend),
+        )
+    except TypeError as exc:
+        # fairscale 0.4.13's OffloadModel refuses every device but CUDA with a TypeError.
+        if "CUDA must be available" not in str(exc):
+            raise
+        return None, {"result": f"not run on {device}: {exc}"}

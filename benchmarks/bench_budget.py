@@ -114,328 +114,40 @@ Families whose package (transformers, diffusers) is missing are skipped with a l
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
-import torch.utils.checkpoint
 from _budget_checks import (
     AGAIN,
     RULES,
+    TARGET_BYTES,
+    TARGET_TIME,
+    TARGET_TRANSFORMER,
     at_memory,
     count_dominated,
     dominance,
-    is_plan,
     noise,
     print_dominance,
+    summary_at_half,
 )
-from _compiled_plan import MARGIN, counted_graph_breaks, judge
-from _report import print_table, write_results
+from _budget_measure import GPU_TOLERANCE, difference, gradients, graph_saved_bytes, step
+from _budget_print import draw, print_case, print_summary
+from _budget_variants import COMPILED, TORCH_VARIANTS, build_variants, torchtitan_rule
+from _compiled_plan import judge
+from _report import write_results
 from _zoo import FAMILIES, SIZES, TRANSFORMERS, ZooModel, build, gpu_size, unusable
 from torch import nn
 
 import accel
 from accel import Accelerator
-from accel._compat import selective_checkpoint_api
-from checkpointing import (
-    CheckpointPlan,
-    apply_activation_checkpointing,
-    plan_checkpointing,
-)
-from checkpointing._measure import graph_saved_bytes as walk_saved_bytes
 
 BUDGETS = (0.75, 0.5, 0.25)
-TARGET_BYTES, TARGET_TIME, TARGET_TRANSFORMER = 0.5, 1.20, 1.15
-#: Off the CPU, a variant whose gradients differ from plain's by at most this fraction of
-#: each tensor's largest magnitude counts as exact (atomic-add kernels sum in any order).
-GPU_TOLERANCE = 1e-4
-#: A gradient under this fraction of the model's largest is compared on that scale: on
-#: CPU the key projection biases of the zoo's BERT and ViT get 1e-12 to 1e-10 against a
-#: largest gradient near 1 (softmax ignores a shift shared by every key).
-SCALE_FLOOR = 1e-3
-TORCH_VARIANTS = ("torch per-block", "torch selective", "torchtitan op rule")
-COMPILED = ("compiled", "compiled, torch budget 0.5", "compiled, plan 0.5")
 #: The plan timed twice in each run, for the noise.
 REPEATED = "budget 0.5"
-
-
-class TorchCheckpoint(nn.Module):
-    """Runs a block through ``torch.utils.checkpoint.checkpoint`` (non-reentrant)."""
-
-    def __init__(self, block: nn.Module, context_fn: Callable[[], Any] | None) -> None:
-        super().__init__()
-        self.block = block
-        self.context_fn = context_fn
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        extra: dict[str, Any] = {} if self.context_fn is None else {"context_fn": self.context_fn}
-        return torch.utils.checkpoint.checkpoint(
-            self.block, *args, use_reentrant=False, **extra, **kwargs
-        )
-
-
-def save_matmuls() -> Callable[[], Any] | None:
-    api = selective_checkpoint_api()
-    if isinstance(api, str):
-        return None
-    create, policy = api
-    aten = torch.ops.aten
-    matmuls = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
-
-    def choose(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-        return policy.MUST_SAVE if func in matmuls else policy.PREFER_RECOMPUTE
-
-    return lambda: create(choose)
-
-
-def _aten_overloads(*names: str) -> set[Any]:
-    """The ``default`` overloads of the aten operators among ``names`` this torch has."""
-    found = set()
-    for name in names:
-        packet = getattr(torch.ops.aten, name, None)
-        overload = None if packet is None else getattr(packet, "default", None)
-        if overload is not None:
-            found.add(overload)
-    return found
-
-
-def torchtitan_rule() -> Callable[[], Any] | str:
-    """A ``context_fn`` with torchtitan's operator rule, or why this torch has none.
-
-    Saves the outputs of ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``convolution`` and
-    the fused attention operators; recomputes every second ``mm`` of a block call (the
-    2nd, 4th, ...) and every other operator. A fresh count per call of ``context_fn``,
-    i.e. per block call. Where torch calls the policy again while recomputing
-    (``ctx.is_recompute``), that pass keeps its own count, as torchtitan's does; torch
-    2.13 calls it only in the forward and replays its decisions by index.
-    """
-    api = selective_checkpoint_api()
-    if isinstance(api, str):
-        return api
-    create, policy = api
-    mm = torch.ops.aten.mm.default
-    saved = {mm} | _aten_overloads(
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "convolution",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_fused_attention_overrideable",
-    )
-
-    def context() -> Any:
-        counts = {"forward": 0, "recompute": 0}
-
-        def choose(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-            if func == mm:
-                mode = "recompute" if getattr(ctx, "is_recompute", False) else "forward"
-                counts[mode] += 1
-                if counts[mode] % 2 == 0:
-                    return policy.PREFER_RECOMPUTE
-            return policy.MUST_SAVE if func in saved else policy.PREFER_RECOMPUTE
-
-        return create(choose)
-
-    return context
-
-
-def _wrap_blocks(model: nn.Module, case: ZooModel, context_fn: Callable[[], Any] | None) -> None:
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if case.is_block(child):
-                setattr(parent, name, TorchCheckpoint(child, context_fn))
-
-
-def variant(
-    case: ZooModel,
-    name: str,
-    backend: Accelerator,
-    *,
-    budget: float | None = None,
-    plan: CheckpointPlan | None = None,
-) -> tuple[nn.Module, dict[str, Any]]:
-    """A fresh copy of the model set up as ``name``, and facts about it (plan, timings).
-
-    ``budget`` plans at that fraction (``plan at <rule>'s memory``); ``plan`` applies a
-    plan made before to this copy (``budget 0.5 again``); ``plain again`` is a copy.
-    Facts whose key starts with ``_`` stay out of the JSON (the plan itself).
-    """
-    model = copy.deepcopy(case.model)
-    facts: dict[str, Any] = {}
-    if plan is not None:
-        plan.apply(model, backend=backend)
-    elif name.startswith(("budget", "plan at ")) or name == "compiled, plan 0.5":
-        fraction = float(name.split()[-1]) if budget is None else budget
-        started = time.perf_counter()
-        plan = plan_checkpointing(model, case.inputs, fraction, backend=backend)
-        facts["planning_seconds"] = time.perf_counter() - started
-        plan.apply(model, backend=backend)
-        facts["_plan"] = plan
-        facts["budget"] = fraction
-        facts["plan"] = str(plan)
-        facts["estimated_time_ratio"] = plan.estimated_step_time_ratio
-        facts["estimated_bytes_ratio"] = plan.estimated_bytes / plan.plain_bytes
-        facts["profiled_plain_bytes"] = plan.plain_bytes
-        facts["decisions"] = sorted(set(plan.decisions.values()))
-        facts["considered"] = [
-            {
-                "label": c.label,
-                "estimated_bytes_ratio": c.estimated_bytes / plan.plain_bytes,
-                "estimated_seconds": c.estimated_seconds,
-                "weighed_seconds": c.weighed_seconds,
-                "fits": c.fits,
-                "taken": c.taken,
-            }
-            for c in plan.considered
-        ]
-    elif name == "full":
-        apply_activation_checkpointing(model, check_fn=case.is_block, backend=backend)
-    elif name in TORCH_VARIANTS:
-        context_fn: Callable[[], Any] | None = None
-        if name == "torch selective":
-            context_fn = save_matmuls()
-        elif name == "torchtitan op rule":
-            rule = torchtitan_rule()
-            assert not isinstance(rule, str), rule
-            context_fn = rule
-        _wrap_blocks(model, case, context_fn)
-    if name.startswith("compiled"):
-        budgeted = name == "compiled, torch budget 0.5"
-        compiled = cast(
-            nn.Module,
-            torch.compile(model, backend=inductor_with_budget if budgeted else "inductor"),
-        )
-        started = time.perf_counter()
-        _, facts["graph_breaks"] = counted_graph_breaks(lambda: step(case, compiled, backend))
-        facts["compile_seconds"] = time.perf_counter() - started
-        return compiled, facts
-    return model, facts
-
-
-def inductor_with_budget(graph: Any, example_inputs: Any) -> Any:
-    """Inductor with ``activation_memory_budget = 0.5`` while it partitions the graph.
-
-    A backend of its own, so that dynamo does not reuse another instance's graph
-    compiled without the knob (graphs are shared between instances of a class).
-    """
-    from torch._inductor.compile_fx import compile_fx
-
-    with torch._functorch.config.patch(activation_memory_budget=0.5):
-        return compile_fx(graph, example_inputs)
-
-
-def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
-    """Bytes of the storages the autograd graph of one forward saves (:func:`checkpointing.
-    _measure.graph_saved_bytes`: a compiled graph's too), parameters and buffers excluded.
-
-    Only for variants without checkpoint hooks (reading a hooked saved tensor would
-    recompute it).
-    """
-    output = case.call(model)
-    outputs = output if isinstance(output, torch.Tensor) else dict(output)
-    return walk_saved_bytes(outputs, [*model.parameters(), *model.buffers()])
-
-
-def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The loss and every gradient of one step, with torch's deterministic algorithms.
-
-    Without them CUDA's atomic-add kernels sum in a varying order, and a gradient that is
-    zero but for rounding (the key projection's bias: softmax ignores a shift shared by
-    every key) differs from one run to the next by more than its own size.
-    """
-    was = torch.are_deterministic_algorithms_enabled()
-    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    try:
-        # Strict first: only then does CUDA's memory-efficient attention take its
-        # deterministic backward (warn-only keeps the atomic one, as torch warns). Warn-only
-        # where an operator has no deterministic kernel on this device.
-        for warn_only in (False, True):
-            torch.use_deterministic_algorithms(True, warn_only=warn_only)
-            torch.manual_seed(7)
-            try:
-                loss = case.loss(model)
-                torch.autograd.backward(loss)
-                break
-            except RuntimeError as error:
-                if warn_only or "deterministic" not in str(error):
-                    raise
-                model.zero_grad(set_to_none=True)
-    finally:
-        torch.use_deterministic_algorithms(was, warn_only=was_warn_only)
-    grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
-
-
-def difference(
-    found: tuple[torch.Tensor, list[torch.Tensor]],
-    reference: tuple[torch.Tensor, list[torch.Tensor]],
-) -> float:
-    """The largest difference over the loss and every gradient, each over its scale.
-
-    A tensor's scale is its largest value, but never under ``SCALE_FLOOR`` times the
-    largest value of any gradient: a gradient that is zero but for rounding (the key
-    projection's bias) would otherwise make its rounding noise look like a 100% error.
-    """
-    pairs = [(found[0], reference[0]), *zip(found[1], reference[1], strict=True)]
-    overall = max((float(b.abs().max()) for b in reference[1] if b.numel()), default=0.0)
-    largest = 0.0
-    for a, b in pairs:
-        scale = max(float(b.abs().max()), SCALE_FLOOR * overall) if b.numel() else 0.0
-        gap = float((a - b).abs().max()) if b.numel() else 0.0
-        largest = max(largest, gap / scale if scale > 0 else gap)
-    return largest
-
-
-def step(case: ZooModel, model: nn.Module, backend: Accelerator) -> float:
-    backend.synchronize()
-    start = time.perf_counter()
-    torch.autograd.backward(case.loss(model))
-    backend.mark_step()
-    backend.synchronize()
-    elapsed = time.perf_counter() - start
-    model.zero_grad(set_to_none=True)
-    return elapsed
-
-
-def _build_variants(
-    case: ZooModel,
-    variants: list[str],
-    backend: Accelerator,
-    unavailable: dict[str, str],
-    models: dict[str, nn.Module],
-    facts: dict[str, dict[str, Any]],
-    budgets: dict[str, float] | None = None,
-) -> None:
-    """Set up each of ``variants`` into ``models`` and ``facts``, or say in ``unavailable``
-    why not (a budget the planner cannot reach, a compiler that fails on this host)."""
-    for name in variants:
-        if name in unavailable:
-            continue
-        repeated = name.removesuffix(AGAIN) if name.endswith(AGAIN) else None
-        plan = facts[repeated].get("_plan") if repeated in facts else None
-        if repeated is not None and repeated != "plain" and plan is None:
-            unavailable[name] = f"{repeated} has no plan"
-            continue
-        try:
-            budget = None if budgets is None else budgets[name]
-            models[name], facts[name] = variant(case, name, backend, budget=budget, plan=plan)
-        except ValueError as error:  # a budget the planner cannot reach for this model
-            if not name.startswith(("budget", "plan at ")):
-                raise
-            unavailable[name] = f"plan_checkpointing raised: {error}"
-        except Exception as error:  # a compiler that fails on this host: reported, not fatal
-            if not name.startswith("compiled"):
-                raise
-            unavailable[name] = f"failed: {type(error).__name__}: {error}"[:300]
 
 
 def _time_rounds(
@@ -480,7 +192,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         variants.extend(COMPILED)
     models: dict[str, nn.Module] = {}
     facts: dict[str, dict[str, Any]] = {}
-    _build_variants(case, variants, backend, unavailable, models, facts)
+    build_variants(case, variants, backend, unavailable, models, facts)
     counted = {name: case.held(models[name]) for name in RULES if name in models}
     counted["plain"] = case.held(models["plain"])
     # The planner at each rule's measured memory, as a fraction of plain's.
@@ -490,7 +202,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         for rule in RULES
         if rule in counted
     }
-    _build_variants(case, list(at_rules), backend, unavailable, models, facts, at_rules)
+    build_variants(case, list(at_rules), backend, unavailable, models, facts, at_rules)
     variants += list(at_rules)
     for name, reason in unavailable.items():
         print(f"{family}: {name} unavailable: {reason}"[:400])
@@ -591,192 +303,6 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         "exact": all(row["exact"] for row in rows.values() if row["exact"] is not None),
         "compiled_plan": judge(rows),
     }
-
-
-def summary_at_half(
-    half: dict[str, Any] | None, limit: float, full_ratio: float, run_noise: dict[str, Any]
-) -> dict[str, Any] | None:
-    """The budget-0.5 row's summary: memory, measured and estimated time, the targets.
-
-    ``None`` where the planner gave no plan at 0.5. ``met`` is the time target (``limit``),
-    the budget plus 2% and exactness together; ``not_slower_than_full`` is reported apart;
-    ``noise`` is the run's (``_budget_checks.noise``).
-    """
-    if half is None:
-        return None
-    time_met = half["measured"] <= limit
-    fits = half["bytes_ratio"] <= TARGET_BYTES + 0.02
-    exact = bool(half["exact"])
-    return {
-        "bytes_ratio": half["bytes_ratio"],
-        "measured": half["measured"],
-        "estimate": half["estimate"],
-        "estimate_error": half["estimate_error"],
-        "noise": run_noise["noise"],
-        "time_target": limit,
-        "time_met": time_met,
-        "fits": fits,
-        "exact": exact,
-        "bit_equal": half.get("bit_equal"),
-        "grad_difference": half.get("grad_difference"),
-        "not_slower_than_full": half["measured"] <= full_ratio,
-        "met": time_met and fits and exact,
-    }
-
-
-def _brief(reason: str) -> str:
-    """A short form of why a variant is unavailable, for the tables."""
-    start = reason.find("the smallest reachable")
-    if start >= 0:
-        return "no plan: " + reason[start:].split(" (")[0]
-    return reason[:60]
-
-
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def print_case(result: dict[str, Any]) -> None:
-    print(f"\n{result['model']}: activation memory against step time (ratios to plain)")
-    rows = []
-    for name, row in result["variants"].items():
-        exact = "-" if row["exact"] is None else ("yes" if row["exact"] else "NO")
-        if row["exact"] and row.get("bit_equal") is False:
-            exact = f"within {row['grad_difference']:.1e}"
-        if row["grad_difference_to_compiled"] is not None:
-            exact = f"diff {row['grad_difference_to_compiled']:.1e}"
-        error = row["estimate_error"]
-        rows.append(
-            (
-                name,
-                f"{row['activation_bytes'] / 2**20:.1f} MiB",
-                f"{row['bytes_ratio']:.2f}x",
-                f"{row['step_seconds'] * 1e3:.1f} ms",
-                f"{row['measured']:.2f}x",
-                _ratio(row["estimate"]),
-                "-" if error is None else f"{error:.2f}",
-                exact,
-            )
-        )
-    for name, reason in result["unavailable"].items():
-        rows.append((name, "unavailable", "-", "-", "-", "-", "-", _brief(reason)))
-    headers = ("variant", "activations", "memory", "step", "measured", "estimate")
-    print_table((*headers, "|est - meas|", "exact"), rows)
-    verdict = "met" if result["target_at_half"] else "NOT met"
-    found = result["noise"]
-    pair = "-" if found["plan_vs_plan"] is None else f"{found['plan_vs_plan']:.3f}"
-    print(
-        f"noise over {found['rounds']} rounds: plain against plain "
-        f"{found['plain_vs_plain']:.3f}, plan against plan {pair} (agree within "
-        f"{found['within']}: {'yes' if found['agreed'] else 'NO'})"
-    )
-    print(
-        f"target at budget 0.5 (<= {TARGET_BYTES}x memory, <= {result['time_target']}x time, "
-        f"<= full): {verdict}; every budget fits: "
-        f"{'n/a (a budget has no plan)' if result['fits'] is None else result['fits']}; "
-        f"exact: {result['exact']}"
-    )
-    compiled = result.get("compiled_plan")
-    if compiled is not None:
-        within = "within" if compiled["within_estimate"] else "OVER"
-        print(
-            f"compiled plan 0.5: {compiled['bytes_ratio']:.3f}x memory against its estimate "
-            f"{compiled['estimate']:.3f}x + {MARGIN} ({within}), "
-            f"graph breaks added {compiled['graph_breaks_added']}, exact "
-            f"{'bit-equal' if compiled['bit_equal'] else compiled['grad_difference']}: "
-            f"{'met' if compiled['met'] else 'NOT met'}"
-        )
-
-
-def print_summary(results: list[dict[str, Any]]) -> None:
-    """One row per family at budget 0.5: memory, measured, estimate, the targets."""
-    print("\nsummary at budget 0.5 (ratios to plain)")
-    rows = []
-    for result in results:
-        summary = result["summary_at_half"]
-        if summary is None:
-            reason = result["unavailable"].get("budget 0.5", "no plan")
-            rows.append((result["model"], *("-",) * 8, _brief(reason)))
-            continue
-        time_verdict = "met" if summary["time_met"] else "missed"
-        rows.append(
-            (
-                result["model"],
-                f"{summary['bytes_ratio']:.2f}x",
-                f"{summary['measured']:.2f}x",
-                _ratio(summary["estimate"]),
-                f"{summary['estimate_error']:.2f}",
-                f"{summary['noise']:.2f}",
-                f"<= {summary['time_target']:.2f}x: {time_verdict}",
-                "yes" if summary["fits"] else "NO",
-                "yes" if summary["exact"] else "NO",
-                "met" if summary["met"] else "missed",
-            )
-        )
-    headers = ("model", "memory", "measured", "estimate", "|est - meas|", "noise")
-    print_table((*headers, "time target", "within budget +2%", "exact", "target"), rows)
-    judged = [(r["model"], r["compiled_plan"]) for r in results if r.get("compiled_plan")]
-    if judged:
-        print("\ncompiled plan 0.5 (inductor) against the compiled plain model")
-        print_table(
-            ("model", "memory", "estimate + 2%", "breaks added", "exact", "target"),
-            [
-                (
-                    model,
-                    f"{c['bytes_ratio']:.3f}x",
-                    f"{c['limit']:.3f}x: {'within' if c['within_estimate'] else 'OVER'}",
-                    c["graph_breaks_added"],
-                    "bit-equal" if c["bit_equal"] else f"{c['grad_difference']:.1e}",
-                    "met" if c["met"] else "missed",
-                )
-                for model, c in judged
-            ],
-        )
-
-
-def draw(results: list[dict[str, Any]], path: str, backend: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    columns = min(3, len(results))
-    lines = -(-len(results) // columns)
-    figure, axes = plt.subplots(lines, columns, figsize=(6 * columns, 4.6 * lines), squeeze=False)
-    for axis in axes.flat[len(results) :]:
-        axis.set_visible(False)
-    for axis, result in zip(axes.flat, results, strict=False):
-        rows = result["variants"]
-        ours = sorted(
-            (r["bytes_ratio"], r["time_ratio"])
-            for v, r in rows.items()
-            if (is_plan(v) and v.startswith("budget")) or v in ("plain", "full")
-        )
-        axis.plot(*zip(*ours, strict=True), color="C0", alpha=0.4)
-        for name, row in rows.items():
-            colour = "C1" if name.startswith("torch") else "C2" if name.startswith("comp") else "C0"
-            marker = "s" if name.startswith("torch") else "^" if name.startswith("comp") else "o"
-            axis.scatter(row["bytes_ratio"], row["time_ratio"], color=colour, marker=marker)
-            axis.annotate(
-                name,
-                (row["bytes_ratio"], row["time_ratio"]),
-                textcoords="offset points",
-                xytext=(5, 4),
-                fontsize=7,
-            )
-        axis.axvline(TARGET_BYTES, color="grey", linestyle=":", linewidth=1)
-        axis.axhline(result["time_target"], color="grey", linestyle=":", linewidth=1)
-        axis.set(
-            title=f"{result['model']} (blue: accel, orange: torch, green: compiled)",
-            xlabel="activation memory / plain",
-            ylabel="step time / plain",
-        )
-        axis.grid(alpha=0.3)
-    figure.suptitle(f"Checkpointing to a memory budget on {backend} (lower left is better)")
-    # Room for the title above the first row (tight_layout alone lets it overlap).
-    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / figure.get_figheight()))
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

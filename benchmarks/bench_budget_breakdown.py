@@ -27,8 +27,8 @@ from typing import Any
 
 import _zoo
 import torch
+from _budget_measure import step
 from _report import print_table, write_results
-from bench_budget import step
 
 import accel
 from checkpointing import CheckpointPlan, plan_checkpointing

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _offload_measure import make_model, timed_steps
 from _report import print_table, write_results
-from bench_offload import make_model, timed_steps
 from torch.utils.checkpoint import checkpoint
 
 import accel

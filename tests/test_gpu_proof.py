@@ -201,6 +201,8 @@ def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
     import gc
     import types
 
+    import _offload_device
+    import _offload_measure
     import bench_offload
     from torch import nn
 
@@ -228,20 +230,20 @@ def test_bench_offload_times_ours_first_and_records_fairscale_out_of_memory(
     for name in ("fairscale", "fairscale.experimental", "fairscale.experimental.nn"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "fairscale.experimental.nn.offload", module)
-    monkeypatch.setattr(bench_offload, "limit_device_memory", lambda b, cap: caps.append(cap))
-    ours = bench_offload.OffloadModel
+    monkeypatch.setattr(_offload_measure, "limit_device_memory", lambda b, cap: caps.append(cap))
+    ours = _offload_device.OffloadModel
 
     def recorded_ours(*args: Any, **kwargs: Any) -> Any:
         events.append("ours built")
         return ours(*args, **kwargs)
 
-    monkeypatch.setattr(bench_offload, "OffloadModel", recorded_ours)
+    monkeypatch.setattr(_offload_device, "OffloadModel", recorded_ours)
     monkeypatch.setattr(gc, "collect", lambda *args: 0)  # a full collection is slow here
     args = bench_offload.parse_args(
         ["--budget-gib", str(2**-20), "--blocks", "2", "--width", "16", "--tokens", "8",
          "--microbatches", "1", "--steps", "1", "--fairscale-retry-gib", str(2**-19)]
     )  # fmt: skip
-    payload = bench_offload.device_mode(Streaming(), args)
+    payload = _offload_device.device_mode(Streaming(), args)
 
     assert events == ["ours built", "fairscale built under 1024", "fairscale built under 2048"]
     attempts = payload["fairscale"]["attempts"]
@@ -269,6 +271,8 @@ def test_bench_offload_times_fsdp2_under_a_raised_cap_when_it_runs_out(
 ) -> None:
     # FSDP2 does not fit the 3 GiB cap on the GPU model: it is timed again under the
     # raised cap, the record says so, and our cap is back in force afterwards.
+    import _offload_compare
+    import _offload_measure
     import _offload_peers
     import bench_offload
     from torch import nn
@@ -277,7 +281,7 @@ def test_bench_offload_times_fsdp2_under_a_raised_cap_when_it_runs_out(
 
     caps: list[int] = []
     built: list[int] = []
-    monkeypatch.setattr(bench_offload, "limit_device_memory", lambda b, cap: caps.append(cap))
+    monkeypatch.setattr(_offload_measure, "limit_device_memory", lambda b, cap: caps.append(cap))
 
     def build(reference: nn.Module, device: torch.device, **options: Any) -> nn.Module:
         built.append(caps[-1])
@@ -290,7 +294,7 @@ def test_bench_offload_times_fsdp2_under_a_raised_cap_when_it_runs_out(
         ["--budget-gib", str(2**-20), "--steps", "1", "--fairscale-retry-gib", str(2**-19)]
     )
     reference = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
-    times, record = bench_offload.compare_fsdp2(CpuBackend(), reference, torch.randn(2, 4), args)
+    times, record = _offload_compare.compare_fsdp2(CpuBackend(), reference, torch.randn(2, 4), args)
 
     assert times is not None and built == [1024, 2048]
     assert [a["outcome"] for a in record["attempts"]] == ["out of memory", "timed"]
@@ -302,21 +306,21 @@ def test_bench_offload_times_fsdp2_under_a_raised_cap_when_it_runs_out(
     assert caps[-1] == 1024  # the budget again, for the peers after it
 
     # Out of memory under every cap: no times, and the result names the caps tried.
-    monkeypatch.setattr(bench_offload, "limit_device_memory", lambda b, cap: caps.append(1))
-    times, record = bench_offload.compare_fsdp2(CpuBackend(), reference, torch.randn(2, 4), args)
+    monkeypatch.setattr(_offload_measure, "limit_device_memory", lambda b, cap: caps.append(1))
+    times, record = _offload_compare.compare_fsdp2(CpuBackend(), reference, torch.randn(2, 4), args)
     assert times is None and record["result"].startswith("out of memory under every cap tried")
 
 
 def test_copy_floor_is_the_loads_on_their_own_copy_engine() -> None:
-    import bench_offload
+    from _offload_measure import copy_floor
 
     # The H100 figures: 12.9 GB of parameters, 54.7 GB/s each way.
-    floor = bench_offload.copy_floor(12_886_867_968, 54.7e9, 54.7e9)
+    floor = copy_floor(12_886_867_968, 54.7e9, 54.7e9)
     assert floor["load_bytes"] == 2 * 12_886_867_968
     assert floor["floor_s"] == floor["loads_s"] == pytest.approx(0.471, abs=1e-3)
     assert floor["stores_s"] == pytest.approx(floor["loads_s"] / 2)
     # Slow stores set the floor when they take longer than the loads.
-    assert bench_offload.copy_floor(100, 200.0, 10.0)["floor_s"] == 10.0
+    assert copy_floor(100, 200.0, 10.0)["floor_s"] == 10.0
 
 
 @pytest.mark.slow
@@ -563,27 +567,27 @@ def test_zoo_model_moves_its_inputs_and_the_targets_its_loss_holds() -> None:
 
 
 def test_bench_budget_difference_is_relative_to_each_tensor() -> None:
-    import bench_budget
+    from _budget_measure import GPU_TOLERANCE, difference
 
     grads = [torch.tensor([1.0, -4.0]), torch.zeros(2)]
     reference = (torch.tensor(2.0), grads)
-    assert bench_budget.difference((torch.tensor(2.0), [g.clone() for g in grads]), reference) == 0
+    assert difference((torch.tensor(2.0), [g.clone() for g in grads]), reference) == 0
     moved = (torch.tensor(2.0), [torch.tensor([1.0, -4.004]), torch.zeros(2)])
-    assert bench_budget.difference(moved, reference) == pytest.approx(1e-3, rel=1e-3)
-    assert bench_budget.GPU_TOLERANCE < 1e-3  # such a gap is not exact anywhere
+    assert difference(moved, reference) == pytest.approx(1e-3, rel=1e-3)
+    assert GPU_TOLERANCE < 1e-3  # such a gap is not exact anywhere
 
 
 def test_bench_budget_difference_floors_a_gradient_that_is_zero_but_for_rounding() -> None:
-    import bench_budget
+    from _budget_measure import GPU_TOLERANCE, difference
 
     # A key projection's bias: zero by the mathematics, 1e-11 by rounding, beside a
     # gradient near 1. Another run's rounding (twice as large) is no error.
     reference = (torch.tensor(2.0), [torch.tensor([1.0, -1.3]), torch.tensor([1e-11, 0.0])])
     noise = (torch.tensor(2.0), [torch.tensor([1.0, -1.3]), torch.tensor([-1e-11, 0.0])])
-    assert bench_budget.difference(noise, reference) < bench_budget.GPU_TOLERANCE
+    assert difference(noise, reference) < GPU_TOLERANCE
     # Nor does the floor hide a real error in such a gradient.
     wrong = (torch.tensor(2.0), [torch.tensor([1.0, -1.3]), torch.tensor([0.01, 0.0])])
-    assert bench_budget.difference(wrong, reference) > 1e-3
+    assert difference(wrong, reference) > 1e-3
 
 
 # torch 2.15 warns when saved-tensor hooks (the benchmark's activation meter) are active
