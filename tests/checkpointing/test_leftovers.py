@@ -273,7 +273,8 @@ def test_a_step_that_fails_on_fake_tensors_leaves_none_alive() -> None:
     plan = plan_checkpointing(_Routed().train(), (x,), memory_budget=0.5)
     if fake_profile_unavailable() is None:
         assert "could not run on fake tensors" in plan.note
-    assert _live_fakes() == before
+    # At most as many as before: fakes an earlier test left to the collector may go too.
+    assert _live_fakes() <= before
 
 
 def test_only_what_the_step_left_outside_it_is_removed() -> None:

@@ -62,7 +62,8 @@ def _same(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
 def test_a_step_within_budget_matches_the_estimate_and_does_not_warn() -> None:
     model, inputs, plan = _planned()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        # torch 2.4's own recomputation warns (FutureWarning) about torch.cpu.amp.autocast.
+        warnings.simplefilter("error", UserWarning)
         report = plan.measure(model, inputs)
     assert isinstance(report, PlanMeasurement)
     assert not report.over_budget
@@ -86,7 +87,7 @@ def test_a_step_over_budget_warns_with_the_figures() -> None:
     with pytest.warns(UserWarning, match="over its budget") as caught:
         report = tight.measure(model, inputs)
     assert report.over_budget
-    message = str(caught[0].message)
+    (message,) = [str(w.message) for w in caught if "over its budget" in str(w.message)]
     assert "MiB" in message and "plan estimated" in message
     assert "over budget" in str(report)
 

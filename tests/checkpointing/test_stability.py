@@ -88,8 +88,10 @@ def test_a_looser_budget_is_never_estimated_slower(family: str) -> None:
             assert "smallest reachable" in str(error)
     assert len(plans) >= 3
     for looser, tighter in itertools.pairwise(plans):
-        assert looser.estimated_step_time_ratio <= tighter.estimated_step_time_ratio
-        # What the search minimises (estimates plus each grain's margin) never grows.
+        # What the search minimises (estimates plus each grain's margin) never grows. The
+        # estimate alone can: within their margins a coarser grain wins over a finer one
+        # estimated a little faster (seen on torch 2.4, where the operator grain is
+        # unavailable and the custom stack's looser plan is whole blocks).
         assert _weighed(looser) <= _weighed(tighter)
         assert tighter.estimated_bytes <= looser.budget_bytes  # the tighter plan fits too
 
@@ -105,8 +107,9 @@ def test_no_plan_is_slower_than_every_block_whole_at_less_memory(family: str) ->
     plan = _plan(family, 0.5, None)
     (taken,) = [c for c in plan.considered if c.taken]
     for other in plan.considered:
-        if other.estimated_bytes <= taken.estimated_bytes:
-            assert taken.estimated_seconds <= other.estimated_seconds or not other.fits
+        if other.estimated_bytes <= taken.estimated_bytes and other.fits:
+            assert other.weighed_seconds is not None
+            assert _weighed(plan) <= other.weighed_seconds
 
 
 RANK = textwrap.dedent(

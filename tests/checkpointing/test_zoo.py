@@ -28,6 +28,7 @@ from checkpointing import (
 )
 from checkpointing._decisions import CHOSEN, SAVED, SELECTIVE
 from checkpointing._selective import unavailable_reason
+from checkpointing.planner import ConsideredPlan
 from checkpointing.planner._options import candidates
 from checkpointing.planner._profile import profile_step
 from checkpointing.planner._search import blocks
@@ -81,13 +82,21 @@ def _assert_fits(case: Any, model: nn.Module, plain: nn.Module, budget: float) -
     assert activations <= (budget + 0.02) * plain_saved
 
 
+def _weighed(considered: ConsideredPlan) -> float:
+    weighed = considered.weighed_seconds
+    return considered.estimated_seconds if weighed is None else weighed
+
+
 def _assert_not_dominated(plan: CheckpointPlan, repeated: bool = True) -> None:
     considered = plan.considered
     taken = [c for c in considered if c.taken]
     assert len(taken) == 1 and taken[0].fits
     fitting = [c for c in considered if c.fits]
-    # Nothing that fits is estimated faster than the plan taken (every block whole included).
-    assert taken[0].estimated_seconds == min(c.estimated_seconds for c in fitting)
+    # Nothing that fits is weighed faster than the plan taken (every block whole included):
+    # the search minimises each grain's estimate plus its margin, so where the operator
+    # grain is unavailable (torch 2.4) a plan of finer grains estimated a little faster
+    # can lose to a coarser one within their margins.
+    assert _weighed(taken[0]) == min(_weighed(c) for c in fitting)
     # A model with repeated blocks is weighed against checkpointing every block.
     assert any(c.label == "every block: checkpoint" for c in considered) == repeated
 
