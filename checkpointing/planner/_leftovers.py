@@ -261,6 +261,13 @@ class _Mender:
             else:
                 _restore(holder, copied[1], held)
             return True
+        # From Python 3.13 the collector names the object whose attributes hold a tensor,
+        # not its __dict__ (attributes are kept inline): mend the copied namespace.
+        namespace = None if isinstance(holder, dict) else _namespace(holder)
+        copied = None if namespace is None else self.snapshot.model.get(id(namespace))
+        if copied is not None and copied[0] is namespace:
+            _restore(namespace, copied[1], held)
+            return True
         if self.model_only:
             return False
         if type(holder) is _LRU_CACHE:
