@@ -35,6 +35,7 @@ from accel import Accelerator
 from accel._compat import selective_checkpoint_api
 from checkpointing import (
     CheckpointPlan,
+    DeviceRates,
     apply_activation_checkpointing,
     plan_checkpointing,
 )
@@ -151,11 +152,13 @@ def variant(
     *,
     budget: float | None = None,
     plan: CheckpointPlan | None = None,
+    rates: DeviceRates | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """A fresh copy of the model set up as ``name``, and facts about it (plan, timings).
 
     ``budget`` plans at that fraction (``plan at <rule>'s memory``); ``plan`` applies a
-    plan made before to this copy (``budget 0.5 again``); ``plain again`` is a copy.
+    plan made before to this copy (``budget 0.5 again``); ``plain again`` is a copy;
+    ``rates`` replaces the planner's default rates (``--out-of-sample``).
     Facts whose key starts with ``_`` stay out of the JSON (the plan itself).
     """
     model = copy.deepcopy(case.model)
@@ -165,7 +168,7 @@ def variant(
     elif name.startswith(("budget", "plan at ")) or name == "compiled, plan 0.5":
         fraction = float(name.split()[-1]) if budget is None else budget
         started = time.perf_counter()
-        plan = plan_checkpointing(model, case.inputs, fraction, backend=backend)
+        plan = plan_checkpointing(model, case.inputs, fraction, backend=backend, rates=rates)
         facts["planning_seconds"] = time.perf_counter() - started
         plan.apply(model, backend=backend)
         facts["_plan"] = plan
@@ -230,6 +233,7 @@ def build_variants(
     models: dict[str, nn.Module],
     facts: dict[str, dict[str, Any]],
     budgets: dict[str, float] | None = None,
+    rates: DeviceRates | None = None,
 ) -> None:
     """Set up each of ``variants`` into ``models`` and ``facts``, or say in ``unavailable``
     why not (a budget the planner cannot reach, a compiler that fails on this host)."""
@@ -243,7 +247,9 @@ def build_variants(
             continue
         try:
             budget = None if budgets is None else budgets[name]
-            models[name], facts[name] = variant(case, name, backend, budget=budget, plan=plan)
+            models[name], facts[name] = variant(
+                case, name, backend, budget=budget, plan=plan, rates=rates
+            )
         except ValueError as error:  # a budget the planner cannot reach for this model
             if not name.startswith(("budget", "plan at ")):
                 raise

@@ -97,9 +97,15 @@ table with one row per family, give at budget 0.5 the memory ratio, the measured
 estimated time ratios, ``|estimate - measured|``, and whether the time target, the
 budget (+2%) and exactness were met (``summary_at_half`` in the JSON).
 
+Out of sample (``--out-of-sample benchmarks/results/rates-cpu-<date>.json``): the
+built-in CPU rates are medians over ``bench_rates.py``'s runs, one per zoo family, so a
+family's estimate is in sample. With this option each family is planned with those
+runs combined without its own (``_rates_runs.left_out``), and its ``rates`` in the JSON
+say so (``out_of_sample``, ``source``).
+
 Usage: python benchmarks/bench_budget.py [--backend NAME] [--model NAME[,NAME...]|all]
        [--size small|bench|gpu] [--warmup N] [--steps N] [--max-steps N] [--threads N]
-       [--compile] [--plot FILE.png] [--note TEXT]
+       [--compile] [--plot FILE.png] [--note TEXT] [--out-of-sample RATES.json]
 
 ``--size`` picks the zoo's shapes: ``bench`` (the default), ``small`` (the tests'), or
 ``gpu`` (wider and longer, for a CUDA run: ``gpt2``, ``llama``, ``qwen2``, ``vit``,
@@ -138,6 +144,7 @@ from _budget_measure import GPU_TOLERANCE, difference, gradients, graph_saved_by
 from _budget_print import draw, print_case, print_summary
 from _budget_variants import COMPILED, TORCH_VARIANTS, build_variants, torchtitan_rule
 from _compiled_plan import judge
+from _rates_runs import left_out
 from _report import write_results
 from _zoo import FAMILIES, SIZES, TRANSFORMERS, ZooModel, build, gpu_size, unusable
 from torch import nn
@@ -192,7 +199,8 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         variants.extend(COMPILED)
     models: dict[str, nn.Module] = {}
     facts: dict[str, dict[str, Any]] = {}
-    build_variants(case, variants, backend, unavailable, models, facts)
+    rates = None if args.out_of_sample is None else left_out(args.out_of_sample, family)
+    build_variants(case, variants, backend, unavailable, models, facts, rates=rates)
     counted = {name: case.held(models[name]) for name in RULES if name in models}
     counted["plain"] = case.held(models["plain"])
     # The planner at each rule's measured memory, as a fraction of plain's.
@@ -202,7 +210,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         for rule in RULES
         if rule in counted
     }
-    build_variants(case, list(at_rules), backend, unavailable, models, facts, at_rules)
+    build_variants(case, list(at_rules), backend, unavailable, models, facts, at_rules, rates)
     variants += list(at_rules)
     for name, reason in unavailable.items():
         print(f"{family}: {name} unavailable: {reason}"[:400])
@@ -281,6 +289,11 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
             "measured": plain_saved,
             "error": None if profiled is None else abs(profiled - plain_saved) / plain_saved,
         },
+        # Out of sample: priced with rates calibrated without this family's run.
+        "rates": {
+            "source": "default" if rates is None else rates.source,
+            "out_of_sample": rates is not None,
+        },
         "exact_rule": "bit-equal" if on_cpu else f"bit-equal or within {GPU_TOLERANCE:g}",
         "plain_rerun_difference": rerun,
         "variants": rows,
@@ -336,6 +349,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="add the torch.compile rows")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the plot")
     parser.add_argument("--note", default="", help="a note for the JSON (how the host was)")
+    parser.add_argument(
+        "--out-of-sample",
+        metavar="RATES.json",
+        default=None,
+        help="plan each family with the rates of this bench_rates.py results file "
+        "combined without that family's run (its estimates then out of sample)",
+    )
     return parser.parse_args(argv)
 
 

@@ -17,25 +17,13 @@ Usage: python benchmarks/bench_rates.py [--model a,b|all] [--plain 3]
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from typing import Any
 
 import torch
+from _rates_runs import GENERAL, combine
 from _report import write_results
 from _zoo import FAMILIES, build, unusable
-
-GENERAL = (
-    "matmul_flops",
-    "attention_flops",
-    "convolution_flops",
-    "memory_bytes",
-    "random_bytes",
-    "call_seconds",
-    "policy_call_seconds",
-    "policy_kept_seconds",
-    "hook_seconds",
-)
 
 
 def main() -> int:
@@ -65,12 +53,7 @@ def main() -> int:
             continue
         runs[family] = rates.to_dict()
         print(f"{family}: {len(rates.operator_bytes)} operators")
-    general = {name: statistics.median(run[name] for run in runs.values()) for name in GENERAL}
-    by_operator: dict[str, list[float]] = {}
-    for run in runs.values():
-        for name, rate in run["operator_bytes"].items():
-            by_operator.setdefault(name, []).append(rate)
-    operators = {name: statistics.median(rates) for name, rates in sorted(by_operator.items())}
+    general, operators = combine(runs)
     print("\n# proposed _CPU table")
     for name in GENERAL:
         print(f"    {name}={general[name]:.3g},")

@@ -128,3 +128,58 @@ def test_the_bench_takes_rounds_until_the_pairs_agree(monkeypatch: pytest.Monkey
     seconds = iter([1.0, 1.3] * 400)
     _, capped = bench_budget._time_rounds(None, models, list(models), None, args)
     assert capped["rounds"] == 3 and not capped["agreed"]
+
+
+def _rates_file(tmp_path: Path, runs: dict[str, dict[str, Any]]) -> Path:
+    import json
+
+    path = tmp_path / "rates-cpu-20261128.json"
+    path.write_text(json.dumps({"benchmark": "rates", "backend": "cpu", "runs": runs}))
+    return path
+
+
+def _run(scale: float, **operators: float) -> dict[str, Any]:
+    from _rates_runs import GENERAL
+
+    return {
+        "device_type": "cpu",
+        "source": "calibrated",
+        **{name: scale for name in GENERAL},
+        "operator_bytes": operators,
+    }
+
+
+def test_out_of_sample_rates_are_the_medians_without_the_familys_own_run(
+    tmp_path: Path,
+) -> None:
+    from _rates_runs import left_out
+
+    runs = {
+        "plain 0": _run(1.0),
+        "gpt2": _run(2.0, **{"aten.gelu.default": 5.0}),
+        "bert": _run(3.0, **{"aten.gelu.default": 7.0, "aten.tanh.default": 9.0}),
+    }
+    path = _rates_file(tmp_path, runs)
+    without_bert = left_out(path, "bert")
+    assert without_bert.matmul_flops == 1.5 and without_bert.hook_seconds == 1.5
+    # tanh was timed only by bert: out of sample it falls back to the general byte rate.
+    assert dict(without_bert.operator_bytes) == {"aten.gelu.default": 5.0}
+    assert without_bert.source == "rates-cpu-20261128.json without bert"
+    without_gpt2 = left_out(path, "gpt2")
+    assert without_gpt2.memory_bytes == 2.0
+    assert dict(without_gpt2.operator_bytes) == {
+        "aten.gelu.default": 7.0,
+        "aten.tanh.default": 9.0,
+    }
+
+
+def test_out_of_sample_refuses_a_family_without_a_run_and_another_file(tmp_path: Path) -> None:
+    from _rates_runs import left_out
+
+    path = _rates_file(tmp_path, {"plain 0": _run(1.0)})
+    with pytest.raises(SystemExit, match="no calibration run of 'gpt2'"):
+        left_out(path, "gpt2")
+    other = tmp_path / "budget.json"
+    other.write_text('{"benchmark": "budget", "models": []}')
+    with pytest.raises(SystemExit, match="not a results file of benchmarks/bench_rates"):
+        left_out(other, "gpt2")

@@ -1,0 +1,74 @@
+"""The CPU rates combined from ``bench_rates.py``'s runs, and the same with one left out.
+
+``bench_rates.py`` calibrates once per zoo family (with the family's model, so that its
+operators get byte rates of their own) and a few times without a model; the built-in
+table is the median of those runs. That makes each family's estimate *in sample*: its
+own run helped set the rates it is priced with. :func:`left_out` combines the same runs
+without one family's, so ``bench_budget.py --out-of-sample RATES.json`` prices every
+family with rates it did not help make (an operator only that family calls falls back
+to the general byte rate), which is issue 40's out-of-sample check.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from checkpointing import DeviceRates
+
+GENERAL = (
+    "matmul_flops",
+    "attention_flops",
+    "convolution_flops",
+    "memory_bytes",
+    "random_bytes",
+    "call_seconds",
+    "policy_call_seconds",
+    "policy_kept_seconds",
+    "hook_seconds",
+)
+
+
+def combine(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each general rate's median over ``runs``, and each operator's over the runs that
+    time it."""
+    general = {name: statistics.median(run[name] for run in runs.values()) for name in GENERAL}
+    by_operator: dict[str, list[float]] = {}
+    for run in runs.values():
+        for name, rate in run["operator_bytes"].items():
+            by_operator.setdefault(name, []).append(rate)
+    operators = {name: statistics.median(rates) for name, rates in sorted(by_operator.items())}
+    return general, operators
+
+
+def left_out(path: str | Path, family: str) -> DeviceRates:
+    """The rates of ``bench_rates.py``'s results file at ``path`` without ``family``'s run.
+
+    Raises:
+        SystemExit: If the file is not such a results file, or holds no run of
+            ``family`` (which would make the rates in sample after all).
+    """
+    values = json.loads(Path(path).read_text())
+    runs = values.get("runs") if isinstance(values, dict) else None
+    if values.get("benchmark") != "rates" or not isinstance(runs, dict):
+        raise SystemExit(
+            f"{path} is not a results file of benchmarks/bench_rates.py (no 'runs'); "
+            "pass benchmarks/results/rates-<device>-<date>.json."
+        )
+    if family not in runs:
+        raise SystemExit(
+            f"{path} has no calibration run of {family!r}, so leaving it out changes "
+            f"nothing; its runs are {sorted(runs)}. Run bench_rates.py --model {family} "
+            "first, or leave --out-of-sample off."
+        )
+    others = {name: run for name, run in runs.items() if name != family}
+    general, operators = combine(others)
+    return DeviceRates(
+        device_type=str(values.get("backend", "cpu")),
+        source=f"{Path(path).name} without {family}",
+        operator_bytes=operators,
+        **general,
+    )
