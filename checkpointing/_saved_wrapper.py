@@ -341,6 +341,7 @@ class SavedTensorWrapper(CheckpointWrapper):
             kwargs,
             use_reentrant=False,
             preserve_rng_state=self.preserve_rng_state,
+            backend=self._backend_ref.get(),
             context_fn=operator_class_contexts if selective else None,
         )
 
