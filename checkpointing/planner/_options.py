@@ -32,7 +32,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Option:
-    """One way to checkpoint a module: its decision, bytes saved and recompute time."""
+    """One way to checkpoint a module: its grain's name (``decision``), bytes saved, time."""
 
     decision: str
     saved_bytes: int  # activation bytes removed (negative: added)
