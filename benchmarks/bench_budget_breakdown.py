@@ -39,12 +39,9 @@ PACK = "pack"
 
 def _only(plan: CheckpointPlan, saved: bool) -> CheckpointPlan:
     """The plan with only its saved-grain rows (``saved``) or only the others."""
-    keep = {n for n, d in plan.decisions.items() if (d == SAVED) == saved}
     return replace(
         plan,
-        decisions={n: d for n, d in plan.decisions.items() if n in keep},
-        saved_plans={n: p for n, p in plan.saved_plans.items() if n in keep},
-        kept_calls={n: c for n, c in plan.kept_calls.items() if n in keep},
+        choices={n: d for n, d in plan.choices.items() if (d.grain == SAVED) == saved},
     )
 
 
@@ -52,9 +49,17 @@ def _positions(plan: CheckpointPlan, actions: tuple[str, ...]) -> CheckpointPlan
     """The saved-grain plans with only the positions whose action is in ``actions``."""
     return replace(
         plan,
-        saved_plans={
-            name: replace(p, positions={k: v for k, v in p.positions.items() if v[0] in actions})
-            for name, p in plan.saved_plans.items()
+        choices={
+            name: d
+            if d.grain != SAVED
+            else replace(
+                d,
+                payload=replace(
+                    d.payload,
+                    positions={k: v for k, v in d.payload.positions.items() if v[0] in actions},
+                ),
+            )
+            for name, d in plan.choices.items()
         },
     )
 

@@ -53,6 +53,7 @@ from ._state import is_recomputing
 from ._wrapper import CheckpointWrapper, checkpoint_wrapper
 from .planner import (
     CheckpointPlan,
+    Decision,
     DeviceRates,
     PlanMeasurement,
     calibrate_rates,
@@ -79,6 +80,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointPlan",
     "CheckpointWrapper",
+    "Decision",
     "DeviceRates",
     "LiveActivationMeter",
     "PerCallWrapper",

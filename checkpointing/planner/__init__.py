@@ -11,12 +11,15 @@
    the kernel the device would choose (``_kernels``), a model sharded with FSDP2 as each
    rank computes it (``_sharded``), and nothing of the fake step left behind
    (``_leftovers``);
-3. options: the ways to checkpoint each module call, with the bytes each keeps and the
-   seconds it costs (``_options``, with ``_saved_grain`` and ``_kept_ops``);
+3. options: each grain's ways to checkpoint each module call, with the bytes each keeps
+   and the seconds it costs (``_grains``: one module per grain, each a named strategy
+   that also owns its payload in the plan, its wrapper and its JSON; built on
+   ``_options``, ``_saved_grain`` and ``_kept_ops``);
 4. search: the combination that fits the budget in the least estimated time
    (``_search``);
 5. plan: the :class:`CheckpointPlan` (``_plan``), which prints, saves (``_store``),
-   loads, checks what it is applied to (``_signature``), applies, and measures one real
+   loads, checks what it is applied to (``_signature``), applies (``_plan_apply``, each
+   decision through its grain), and measures one real
    step against its figures (``_measure_step``);
 6. agree: under ``torch.distributed`` every rank takes rank 0's plan (``_agree``).
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 from ._calibration import calibrate_rates
 from ._cost import DeviceRates, builtin_rates
 from ._default_rates import default_rates, rates_cache_path
+from ._grains import Decision
 from ._measure_step import PlanMeasurement
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._planning import plan_checkpointing
@@ -36,6 +40,7 @@ from ._planning import plan_checkpointing
 __all__ = [
     "CheckpointPlan",
     "ConsideredPlan",
+    "Decision",
     "DeviceRates",
     "PlanMeasurement",
     "PlanRow",

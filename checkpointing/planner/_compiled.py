@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from .._decisions import FULL, KEEP, SAVED, SELECTIVE
+from .._decisions import FULL, KEEP, SELECTIVE
+from ._grains import compiled_forms as grains_compiled
+from ._grains import grain_named
 from ._options import Option
 from ._records import StepProfile
 from ._search import Candidate, estimate
@@ -38,8 +40,9 @@ __all__ = [
     "compiled_seconds",
 ]
 
-COMPILED_FORMS = (FULL, SELECTIVE)
-"""The regions a saved-tensor-grain call may run as under ``torch.compile``."""
+COMPILED_FORMS = grains_compiled()
+"""The regions a saved-tensor-grain call may run as under ``torch.compile``: the grains
+that say they may (their ``compiled_form``)."""
 
 _FORM_NAMES = {
     FULL: "whole ('checkpoint')",
@@ -92,7 +95,8 @@ def compiled_forms(
     current = dict(chosen)
     weighed: dict[str, list[Option]] = {}
     for name, option in chosen.items():
-        if option.decision != SAVED:
+        grain = grain_named(option.decision)
+        if grain is None or grain.traceable:
             continue
         offered = [keep, *(o for o in options[name] if o.decision in COMPILED_FORMS)]
         held = {id(form): estimate(profile, _placed(current, name, form)) for form in offered}

@@ -19,24 +19,24 @@ from torch import nn
 
 from accel import Accelerator
 
-from .._caches import switch_off_kv_cache
-from .._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
-from .._per_call import PerCallWrapper, count_calls_per_forward
-from .._root import checkpoint_root, root_checkpointed
+from .._decisions import CHOSEN, SAVED
 from .._saved_plan import SavedPlan
-from .._saved_wrapper import SavedTensorWrapper
-from .._selective_wrapper import SelectiveCheckpointWrapper
-from .._wrapper import CheckpointWrapper, checkpoint_wrapper
 from ._cost import DeviceRates
+from ._grains import Decision, decode_decision, encode_decision
 from ._measure_step import PlanMeasurement, measure_plan
-from ._records import module_name
+from ._plan_apply import apply_decisions
 from ._signature import check_inputs, check_model
-from ._store import PlanFormatError, decode_saved_plan, encode_saved_plan
+from ._store import PlanFormatError
 
-__all__ = ["FORMAT", "CheckpointPlan", "ConsideredPlan", "PlanRow"]
+__all__ = ["FORMAT", "FORMATS", "CheckpointPlan", "ConsideredPlan", "PlanRow"]
 
-FORMAT = "accel.checkpoint-plan/1"
-_DECISIONS = (FULL, SELECTIVE, ALTERNATE, CHOSEN, SAVED)
+FORMAT = "accel.checkpoint-plan/2"
+#: The plan file formats this release reads: ``/2`` holds one tagged decision per
+#: module call; ``/1`` (written before the grains were strategies) held the grains'
+#: names, the chosen calls and the saved plans in three parallel mappings.
+FORMATS = (FORMAT, "accel.checkpoint-plan/1")
+#: Where a ``/1`` file kept each grain's payload.
+_V1_PAYLOADS = {CHOSEN: "kept_calls", SAVED: "saved_plans"}
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,15 @@ class CheckpointPlan:
     has one row per call, named ``"name@k"`` for its k-th call.
 
     Attributes:
-        decisions: Module call to ``"checkpoint"`` (whole module), ``"recompute cheap
-            ops"`` (selective by operator class), ``"recompute cheap ops, every second
-            mm"`` (the same with torchtitan's rule), ``"keep costly ops"`` (selective by
-            chosen calls) or ``"recompute saved"`` (saved-tensor grain), in visiting
-            order. A name is a module's qualified name, or ``"name@k"`` for the k-th call
-            of a module called several times per step.
+        choices: Module call to its :class:`Decision`, in visiting order: the grain's
+            name, ``"checkpoint"`` (whole module), ``"recompute cheap ops"`` (selective
+            by operator class), ``"recompute cheap ops, every second mm"`` (the same
+            with torchtitan's rule), ``"keep costly ops"`` (selective by chosen calls,
+            with the kept calls as payload) or ``"recompute saved"`` (saved-tensor
+            grain, with its ``SavedPlan``). A name is a module's qualified name, or
+            ``"name@k"`` for the k-th call of a module called several times per step.
+            :attr:`decisions`, :attr:`kept_calls` and :attr:`saved_plans` are read-only
+            views of it.
         rows: The table's rows.
         plain_bytes: Activation bytes of the plain model (autograd-saved storages).
         estimated_bytes: Activation bytes expected under the plan.
@@ -105,17 +108,13 @@ class CheckpointPlan:
             something leaked), or ``None`` where the backend keeps no statistics.
         note: How the step was profiled where it was not on fake tensors, why a grain
             was unavailable, or empty.
-        kept_calls: For each ``"keep costly ops"`` module call, the ``(operator,
-            occurrence)`` calls whose outputs it keeps.
-        saved_plans: For each ``"recompute saved"`` module call, what becomes of each
-            of its saved tensors.
         considered: The whole-model plans weighed, and why each was or was not taken.
         margins: The relative margin the search added to each grain's estimate
             (decision to margin, :data:`GRAIN_MARGINS`); empty in plans saved before
             margins were used.
     """
 
-    decisions: dict[str, str]
+    choices: dict[str, Decision]
     rows: tuple[PlanRow, ...]
     plain_bytes: int
     estimated_bytes: int
@@ -129,10 +128,29 @@ class CheckpointPlan:
     device_bytes: int | None = None
     device_peak_bytes: int | None = None
     note: str = ""
-    kept_calls: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
-    saved_plans: dict[str, SavedPlan] = field(default_factory=dict)
     considered: tuple[ConsideredPlan, ...] = ()
     margins: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def decisions(self) -> dict[str, str]:
+        """Module call to its grain's name (a read-only view of :attr:`choices`)."""
+        return {name: decision.grain for name, decision in self.choices.items()}
+
+    @property
+    def kept_calls(self) -> dict[str, tuple[tuple[str, int], ...]]:
+        """For each ``"keep costly ops"`` call, its kept ``(operator, occurrence)`` calls.
+
+        A read-only view of :attr:`choices`' payloads.
+        """
+        return {n: d.payload for n, d in self.choices.items() if d.grain == CHOSEN}
+
+    @property
+    def saved_plans(self) -> dict[str, SavedPlan]:
+        """For each ``"recompute saved"`` call, what becomes of each of its saved tensors.
+
+        A read-only view of :attr:`choices`' payloads.
+        """
+        return {n: d.payload for n, d in self.choices.items() if d.grain == SAVED}
 
     def check(self, model: nn.Module, example_inputs: Any = None) -> None:
         """Raise ``ValueError`` unless ``model`` (and ``example_inputs``) match the plan's.
@@ -184,33 +202,8 @@ class CheckpointPlan:
                 ``model`` lacks a module the plan names, or it is already wrapped.
         """
         self.check(model, example_inputs)
-        grouped: dict[str, dict[int, str]] = {}
-        for name in self.decisions:
-            module, _, call = name.rpartition("@") if "@" in name else (name, "", "0")
-            grouped.setdefault(module, {})[int(call)] = name
-        targets: list[tuple[str, nn.Module, str, nn.Module]] = []
-        for module in grouped:
-            if not module:
-                self._check_root(model)
-                continue
-            targets.append((module, *self._target(model, module)))
-        switch_off_kv_cache(model)
-        if "" in self.decisions:
-            checkpoint_root(model, preserve_rng_state=preserve_rng_state, backend=backend)
-        for module, parent, leaf, child in targets:
-            names = grouped[module]
-            if module in self.calls:
-                variants = [
-                    self._wrapper(names[k], child, preserve_rng_state, backend)
-                    if k in names
-                    else None
-                    for k in range(self.calls[module])
-                ]
-                setattr(parent, leaf, PerCallWrapper(child, variants))
-                count_calls_per_forward(model)
-            else:
-                setattr(parent, leaf, self._wrapper(names[0], child, preserve_rng_state, backend))
-        return list(self.decisions)
+        apply_decisions(self.choices, self.calls, model, preserve_rng_state, backend)
+        return list(self.choices)
 
     def measure(
         self,
@@ -245,86 +238,6 @@ class CheckpointPlan:
                 or the plan was not applied to ``model``.
         """
         return measure_plan(self, model, example_inputs, timed=timed, backend=backend)
-
-    def _target(self, model: nn.Module, module: str) -> tuple[nn.Module, str, nn.Module]:
-        parent_name, _, leaf = module.rpartition(".")
-        try:
-            parent = model.get_submodule(parent_name)
-            child = parent.get_submodule(leaf)
-        except AttributeError as error:
-            raise ValueError(
-                f"checkpointing: this plan checkpoints {module!r}, which the model does "
-                f"not have ({error}). Apply a plan to the model it was made for, or "
-                "to one built the same way."
-            ) from None
-        if isinstance(child, CheckpointWrapper):
-            raise ValueError(
-                f"checkpointing: {module!r} is already checkpointed; apply a plan to a "
-                "model without checkpoint wrappers."
-            )
-        for name, decision in self.decisions.items():
-            if module_name(name) != module:
-                continue
-            if decision not in _DECISIONS:
-                raise ValueError(
-                    f"checkpointing: this plan says {decision!r} for {name!r}, which this "
-                    f"release does not know (it knows {', '.join(map(repr, _DECISIONS))}). "
-                    "Plan again with this release, or load the plan with the release "
-                    "that made it."
-                )
-            if decision == CHOSEN and name not in self.kept_calls:
-                raise ValueError(
-                    f"checkpointing: this plan keeps chosen operator calls in {name!r} "
-                    "but names none in kept_calls. Use a plan made by plan_checkpointing, "
-                    "or give kept_calls an entry for every 'keep costly ops' module."
-                )
-            if decision == SAVED and name not in self.saved_plans:
-                raise ValueError(
-                    f"checkpointing: this plan recomputes saved tensors of {name!r} but "
-                    "has no saved plan for it. Use a plan made by plan_checkpointing, or "
-                    "give saved_plans an entry for every 'recompute saved' module."
-                )
-        return parent, leaf, child
-
-    def _wrapper(
-        self,
-        name: str,
-        child: nn.Module,
-        preserve_rng_state: bool,
-        backend: Accelerator | None,
-    ) -> nn.Module:
-        decision = self.decisions[name]
-        if decision == SAVED:
-            return SavedTensorWrapper(
-                child,
-                self.saved_plans[name],
-                backend=backend,
-                preserve_rng_state=preserve_rng_state,
-            )
-        if decision in (SELECTIVE, ALTERNATE, CHOSEN):
-            return SelectiveCheckpointWrapper(
-                child,
-                preserve_rng_state=preserve_rng_state,
-                backend=backend,
-                kept_calls=self.kept_calls[name] if decision == CHOSEN else None,
-                name=name,
-                every_second_mm=decision == ALTERNATE,
-            )
-        return checkpoint_wrapper(child, preserve_rng_state=preserve_rng_state, backend=backend)
-
-    def _check_root(self, model: nn.Module) -> None:
-        """Raise ``ValueError`` unless the root's decision can be carried out on ``model``."""
-        if self.decisions[""] != FULL:
-            raise ValueError(
-                f"checkpointing: this plan says {self.decisions['']!r} for the model itself "
-                "(the root module, named ''); the root can only be checkpointed whole "
-                "('checkpoint'). Use a plan made by plan_checkpointing."
-            )
-        if root_checkpointed(model):
-            raise ValueError(
-                "checkpointing: the model itself is already checkpointed whole; apply a "
-                "plan to a model without checkpoint wrappers."
-            )
 
     def __str__(self) -> str:
         header = ("module", "grain", "activations kept", "recompute", "decision")
@@ -369,7 +282,7 @@ class CheckpointPlan:
         """The plan as JSON values (what :meth:`save` writes)."""
         return {
             "format": FORMAT,
-            "decisions": dict(self.decisions),
+            "decisions": {name: encode_decision(d) for name, d in self.choices.items()},
             "rows": [list(row.__dict__.values()) for row in self.rows],
             "plain_bytes": self.plain_bytes,
             "estimated_bytes": self.estimated_bytes,
@@ -382,28 +295,30 @@ class CheckpointPlan:
             "inputs": list(self.inputs),
             "calls": dict(self.calls),
             "note": self.note,
-            "kept_calls": {k: [list(c) for c in v] for k, v in self.kept_calls.items()},
-            "saved_plans": {k: encode_saved_plan(v) for k, v in self.saved_plans.items()},
             "considered": [list(c.__dict__.values()) for c in self.considered],
             "margins": dict(self.margins),
         }
 
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> CheckpointPlan:
-        """A plan from :meth:`to_dict`'s form.
+        """A plan from :meth:`to_dict`'s form, of a format in :data:`FORMATS`.
+
+        A ``/1`` plan (three parallel mappings) is read as one tagged decision per call.
 
         Raises:
-            ValueError: If ``value`` is not a saved plan of this format.
+            ValueError: If ``value`` is not a saved plan of a format this release reads.
         """
-        if not isinstance(value, dict) or value.get("format") != FORMAT:
+        if not isinstance(value, dict) or value.get("format") not in FORMATS:
             found = value.get("format") if isinstance(value, dict) else type(value).__name__
             raise PlanFormatError(
-                f"checkpointing: this is not a saved checkpoint plan of format {FORMAT!r} "
-                f"(found {found!r}). Load a file that CheckpointPlan.save wrote."
+                f"checkpointing: this is not a saved checkpoint plan of format "
+                f"{' or '.join(map(repr, FORMATS))} (found {found!r}). Load a file that "
+                "CheckpointPlan.save wrote, or plan again with plan_checkpointing and save "
+                "that plan."
             )
         try:
             return cls(
-                decisions=dict(value["decisions"]),
+                choices=_choices(value),
                 rows=tuple(PlanRow(*row) for row in value["rows"]),
                 plain_bytes=int(value["plain_bytes"]),
                 estimated_bytes=int(value["estimated_bytes"]),
@@ -415,11 +330,6 @@ class CheckpointPlan:
                 inputs=tuple(value["inputs"]),
                 calls={k: int(v) for k, v in value["calls"].items()},
                 note=str(value["note"]),
-                kept_calls={
-                    k: tuple((str(op), int(n)) for op, n in v)
-                    for k, v in value["kept_calls"].items()
-                },
-                saved_plans={k: decode_saved_plan(v) for k, v in value["saved_plans"].items()},
                 considered=tuple(ConsideredPlan(*c) for c in value["considered"]),
                 # Absent from plans saved before the search weighed margins.
                 margins={k: float(v) for k, v in value.get("margins", {}).items()},
@@ -460,6 +370,20 @@ class CheckpointPlan:
                 "that CheckpointPlan.save wrote."
             ) from None
         return cls.from_dict(value)
+
+
+def _choices(value: dict[str, Any]) -> dict[str, Decision]:
+    """The tagged decisions of a saved plan, of format ``/2`` or ``/1``."""
+    if value["format"] == FORMAT:
+        return {
+            name: decode_decision(str(entry["grain"]), entry.get("payload"))
+            for name, entry in value["decisions"].items()
+        }
+    payloads = {grain: value[key] for grain, key in _V1_PAYLOADS.items()}
+    return {
+        name: decode_decision(grain, payloads.get(grain, {}).get(name))
+        for name, grain in value["decisions"].items()
+    }
 
 
 def _digest(lines: tuple[str, ...]) -> str:

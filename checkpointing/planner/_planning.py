@@ -8,9 +8,9 @@ The stages, in the order :func:`plan_checkpointing` runs them:
    per module call, what autograd saves and every operator call (no memory, no kernel,
    no random draw), each call priced from its FLOPs and bytes at the rates
    (:func:`._cost.operator_cost`);
-3. options (:func:`._options.candidates`): the ways to checkpoint each module call (its
-   saved tensors, the whole call, its cheap operators, its chosen operator calls), with
-   the bytes each keeps and the seconds it costs;
+3. options (:func:`._grains.candidates`): each grain's ways to checkpoint each module
+   call (the whole call, its saved tensors, its cheap operators, its chosen operator
+   calls), with the bytes each keeps and the seconds it costs;
 4. search (:func:`._search.search`): the combination that fits the budget in the least
    estimated time;
 5. plan (:func:`_build`): the :class:`CheckpointPlan` (:mod:`._plan`), which prints,
@@ -35,18 +35,18 @@ from accel import Accelerator
 
 from .._args import resolve_backend, validate_budget, validate_planned
 from .._caches import refuse_cache_inputs, switch_off_kv_cache
-from .._decisions import CHOSEN, KEEP, SAVED
+from .._decisions import KEEP
 from .._selective import unavailable_reason
 from ._agree import agreed
 from ._compiled import compiled_forms, compiled_note
 from ._cost import DeviceRates
 from ._default_rates import host_rates
-from ._options import Option, candidates, storage_bytes
+from ._grains import Decision, candidates, grain_named, margins
+from ._options import Option, storage_bytes
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._profile import profile_step
 from ._records import StepProfile
-from ._saved_grain import saved_plan
-from ._search import GRAIN_MARGINS, Candidate, search
+from ._search import Candidate, search
 from ._signature import inputs_of, structure_of
 
 __all__ = ["plan_checkpointing"]
@@ -251,7 +251,7 @@ def _build(
     }
     return CheckpointPlan(
         considered=considered,
-        decisions={name: option.decision for name, option in chosen.items()},
+        choices={name: _decision(profile, name, option, forms) for name, option in chosen.items()},
         rows=tuple(_rows(profile, options, chosen)),
         plain_bytes=profile.plain_bytes,
         estimated_bytes=taken.estimated_bytes,
@@ -261,16 +261,17 @@ def _build(
         rates=profile.rates,
         calls=calls,
         note=note,
-        margins=dict(GRAIN_MARGINS),
-        kept_calls={
-            name: option.calls for name, option in chosen.items() if option.decision == CHOSEN
-        },
-        saved_plans={
-            name: replace(
-                saved_plan(profile, name, list(option.saved_units)),
-                compiled_as=forms[name].decision,
-            )
-            for name, option in chosen.items()
-            if option.decision == SAVED
-        },
+        margins=margins(),
     )
+
+
+def _decision(
+    profile: StepProfile, name: str, option: Option, forms: dict[str, Option]
+) -> Decision:
+    """The plan's decision for ``name``: its grain's payload, with its compiled form."""
+    grain = grain_named(option.decision)
+    assert grain is not None, option.decision  # options come from registered grains
+    payload = grain.payload(profile, name, option)
+    if name in forms:
+        payload = grain.compiled_as(payload, forms[name].decision)
+    return Decision(option.decision, payload)

@@ -40,10 +40,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from .._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
+from .._decisions import FULL
+from ._grains import Grain, coarseness_order, grain_named, margins
 from ._options import Option, nothing_to_checkpoint, storage_bytes
 from ._records import StepProfile
 
@@ -64,30 +66,32 @@ __all__ = [
 BUCKETS = 1000
 _ROWS = 32  # targets merged at once
 
-#: The grains, coarsest (cost best known) first: the order that breaks a tie.
-COARSENESS = (FULL, SELECTIVE, ALTERNATE, CHOSEN, SAVED)
+#: The grains, coarsest (cost best known) first: the order that breaks a tie. Each
+#: grain states its place (its ``coarseness``, :mod:`._grains`).
+COARSENESS = coarseness_order()
 
 #: Each grain's margin: how far, relative to its own estimate, its recompute time may be
-#: off beyond the error all grains share (the operators' rates). Stated, not fitted: on
-#: the CPU zoo (benchmarks/results/budget-cpu-20261128.json) plans of the saved-tensor
-#: grain measured several times their estimated recompute, and the policies' overhead per
-#: call is calibrated once per device. See docs/memory-budget.md, "How it decides".
-GRAIN_MARGINS: dict[str, float] = {
-    FULL: 0.0,
-    SELECTIVE: 0.10,
-    ALTERNATE: 0.10,
-    CHOSEN: 0.25,
-    SAVED: 0.50,
-}
+#: off beyond the error all grains share (the operators' rates). Stated by each grain,
+#: not fitted: on the CPU zoo (benchmarks/results/budget-cpu-20261128.json) plans of the
+#: saved-tensor grain measured several times their estimated recompute, and the
+#: policies' overhead per call is calibrated once per device. See
+#: docs/memory-budget-planning.md, "How it decides".
+GRAIN_MARGINS: dict[str, float] = margins()
+
+
+def _grain(option: Option) -> Grain[Any]:
+    grain = grain_named(option.decision)
+    assert grain is not None, option.decision  # options come from registered grains
+    return grain
 
 
 def weighed(option: Option) -> float:
     """The seconds the search weighs ``option`` at: its estimate plus its grain's margin."""
-    return option.seconds * (1.0 + GRAIN_MARGINS[option.decision])
+    return option.seconds * (1.0 + _grain(option).margin)
 
 
 def _coarseness(option: Option) -> int:
-    return COARSENESS.index(option.decision)
+    return coarseness_order().index(option.decision)
 
 
 class Knapsack:
@@ -150,7 +154,7 @@ class Knapsack:
         self.splits[name] = splits
         choice = torch.full((size + 1,), -1, dtype=torch.long)
         # The grain of each entry, for ties: a combination inside ranks below every grain.
-        rank = torch.full((size + 1,), len(COARSENESS), dtype=torch.long)
+        rank = torch.full((size + 1,), len(coarseness_order()), dtype=torch.long)
         for number, option in enumerate(self.options.get(name, [])):
             units = min(math.floor(option.saved_bytes / self.unit), size)
             if units <= 0:

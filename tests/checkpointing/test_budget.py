@@ -13,7 +13,12 @@ from torch import nn
 import checkpointing
 from accel._compat import fake_profile_unavailable
 from accel.testing import RecordingBackend
-from checkpointing import CheckpointPlan, apply_activation_checkpointing, plan_checkpointing
+from checkpointing import (
+    CheckpointPlan,
+    Decision,
+    apply_activation_checkpointing,
+    plan_checkpointing,
+)
 from checkpointing._decisions import FULL, SAVED, SELECTIVE
 from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
@@ -105,7 +110,8 @@ def test_budget_is_bit_exact_with_dropout_and_fits(budget: float) -> None:
 @pytest.mark.parametrize("decision", [FULL, SELECTIVE])
 def test_each_grain_is_bit_exact_with_dropout(decision: str) -> None:
     plain, model, x = _model(), _model(), _inputs()
-    plan = CheckpointPlan(decisions={"blocks.0": decision, "blocks.2": decision}, **_FIELDS)
+    choices = dict.fromkeys(("blocks.0", "blocks.2"), Decision(decision))
+    plan = CheckpointPlan(choices=choices, **_FIELDS)
     assert plan.apply(model) == ["blocks.0", "blocks.2"]
     kind = SelectiveCheckpointWrapper if decision == SELECTIVE else checkpointing.CheckpointWrapper
     assert type(model.blocks[0]) is kind
@@ -116,11 +122,11 @@ def test_each_grain_is_bit_exact_with_dropout(decision: str) -> None:
 @needs_selective
 def test_selective_keeps_matmul_outputs_and_saves_less_than_plain() -> None:
     plain, model, x = _model(), _model(), _inputs()
-    decisions = {f"blocks.{i}": SELECTIVE for i in range(4)}
-    full = {f"blocks.{i}": FULL for i in range(4)}
-    CheckpointPlan(decisions=decisions, **_FIELDS).apply(model)
+    decisions = {f"blocks.{i}": Decision(SELECTIVE) for i in range(4)}
+    full = {f"blocks.{i}": Decision(FULL) for i in range(4)}
+    CheckpointPlan(choices=decisions, **_FIELDS).apply(model)
     whole = _model()
-    CheckpointPlan(decisions=full, **_FIELDS).apply(whole)
+    CheckpointPlan(choices=full, **_FIELDS).apply(whole)
     assert _live_bytes(whole, x) < _live_bytes(model, x) < _live_bytes(plain, x)
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import checkpointing
-from checkpointing import CheckpointPlan, plan_checkpointing
+from checkpointing import CheckpointPlan, Decision, plan_checkpointing
 from checkpointing._decisions import FULL
 
 
@@ -133,7 +133,7 @@ def test_childless_model_is_checkpointed_through_its_forward() -> None:
         **dict.fromkeys(("plain_bytes", "estimated_bytes", "budget_bytes"), 1),
         **dict.fromkeys(("estimated_step_time_ratio", "step_seconds"), 1.0),
     }
-    wrong = CheckpointPlan(decisions={"": "recompute cheap ops"}, rows=(), **figures)
+    wrong = CheckpointPlan(choices={"": Decision("recompute cheap ops")}, rows=(), **figures)
     with pytest.raises(ValueError, match=r"root can only be checkpointed whole"):
         wrong.apply(_built(Mixer))
 

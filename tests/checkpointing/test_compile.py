@@ -138,7 +138,7 @@ class _Block(nn.Module):
 
 
 def test_a_budget_plan_compiles_in_one_graph_and_trains_like_eager() -> None:
-    from checkpointing import CheckpointPlan
+    from checkpointing import CheckpointPlan, Decision
     from checkpointing._decisions import FULL, SAVED
     from checkpointing.planner._profile import profile_step
     from checkpointing.planner._saved_grain import saved_plan, saved_units
@@ -150,14 +150,13 @@ def test_a_budget_plan_compiles_in_one_graph_and_trains_like_eager() -> None:
     profile = profile_step(planned, (x,), accel.get_backend("cpu"))
     units = saved_units(profile, "1")[-1]
     plan = CheckpointPlan(
-        decisions={"0": FULL, "1": SAVED},
+        choices={"0": Decision(FULL), "1": Decision(SAVED, saved_plan(profile, "1", units))},
         rows=(),
         plain_bytes=1,
         estimated_bytes=1,
         estimated_step_time_ratio=1.0,
         budget_bytes=1,
         step_seconds=1.0,
-        saved_plans={"1": saved_plan(profile, "1", units)},
     )
     plan.apply(planned)
     compiled = _compile(lambda x: planned(x).square().sum(), "aot_eager")

@@ -21,13 +21,14 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import accel
-from checkpointing import CheckpointPlan, plan_checkpointing
+from checkpointing import CheckpointPlan, Decision, plan_checkpointing
 from checkpointing._decisions import ALTERNATE, FULL, SAVED, SELECTIVE
 from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
 from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
 from checkpointing.planner import builtin_rates
-from checkpointing.planner._options import Option, candidates, storage_bytes
+from checkpointing.planner._grains import candidates
+from checkpointing.planner._options import Option, storage_bytes
 from checkpointing.planner._profile import profile_step
 from checkpointing.planner._records import ModuleProfile, StepProfile
 from checkpointing.planner._search import GRAIN_MARGINS, Knapsack, search
@@ -159,7 +160,8 @@ def test_the_rule_recomputes_every_second_mm_keeps_what_it_estimates_and_is_exac
     models = {}
     for decision in (SELECTIVE, ALTERNATE):
         model = _model()
-        CheckpointPlan(decisions=dict.fromkeys(("0", "1"), decision), **_FIELDS).apply(model)
+        choices = dict.fromkeys(("0", "1"), Decision(decision))
+        CheckpointPlan(choices=choices, **_FIELDS).apply(model)
         assert isinstance(model[0], SelectiveCheckpointWrapper)
         found = _step(model)  # dropout in attention and after both projections
         assert all(torch.equal(a, b) for a, b in zip(found, expected, strict=True)), decision
@@ -181,7 +183,7 @@ def test_the_rule_recomputes_every_second_mm_keeps_what_it_estimates_and_is_exac
 @needs_selective
 def test_the_rule_survives_the_plan_file_and_older_files_still_load(tmp_path: Path) -> None:
     plan = plan_checkpointing(_model(), _inputs(), 0.6)
-    plan = replace(plan, decisions=dict.fromkeys(("0", "1"), ALTERNATE))
+    plan = replace(plan, choices=dict.fromkeys(("0", "1"), Decision(ALTERNATE)))
     assert plan.margins == GRAIN_MARGINS
     assert all(c.weighed_seconds is not None for c in plan.considered)
     path = tmp_path / "plan.json"
@@ -203,7 +205,7 @@ def test_the_rule_survives_the_plan_file_and_older_files_still_load(tmp_path: Pa
 
 def test_a_decision_this_release_does_not_know_is_refused_before_wrapping() -> None:
     model = _model()
-    plan = CheckpointPlan(decisions={"0": "recompute something new"}, **_FIELDS)
+    plan = CheckpointPlan(choices={"0": Decision("recompute something new")}, **_FIELDS)
     with pytest.raises(ValueError, match=r"^checkpointing: this plan says 'recompute something"):
         plan.apply(model)
     assert not any(isinstance(m, SelectiveCheckpointWrapper) for m in model.modules())

@@ -11,7 +11,7 @@ from torch import nn
 
 import accel
 from accel._compat import selective_cache_allows_mutation
-from checkpointing import CheckpointError, CheckpointPlan
+from checkpointing import CheckpointError, CheckpointPlan, Decision
 from checkpointing._decisions import CHOSEN
 from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
@@ -86,8 +86,8 @@ def _kept(units: list[Unit], numbers: list[int]) -> tuple[tuple[str, int], ...]:
 
 
 def _apply(model: nn.Module, kept: dict[str, tuple[tuple[str, int], ...]]) -> None:
-    decisions = dict.fromkeys(kept, CHOSEN)
-    CheckpointPlan(decisions=decisions, kept_calls=kept, **_FIELDS).apply(model)
+    decisions = {name: Decision(CHOSEN, calls) for name, calls in kept.items()}
+    CheckpointPlan(choices=decisions, **_FIELDS).apply(model)
 
 
 def _call(op: str, n: int = 0, **fields: Any) -> OpCall:
@@ -209,6 +209,6 @@ def test_a_unit_read_before_its_last_write_is_not_kept() -> None:
 
 
 def test_a_measured_decision_without_its_calls_is_refused() -> None:
-    plan = CheckpointPlan(decisions={"0": CHOSEN}, **_FIELDS)
+    plan = CheckpointPlan(choices={"0": Decision(CHOSEN)}, **_FIELDS)
     with pytest.raises(ValueError, match=r"keeps chosen operator calls in '0' but names none"):
         plan.apply(_model())

@@ -47,7 +47,7 @@ def test_a_saved_plan_loads_as_the_same_plan_and_trains_exactly(
     path = tmp_path / "plan.json"
     plan.save(path)
     text = path.read_text()
-    assert json.loads(text)["format"] == "accel.checkpoint-plan/1" and "\n " in text  # indented
+    assert json.loads(text)["format"] == "accel.checkpoint-plan/2" and "\n " in text  # indented
     loaded = CheckpointPlan.load(path)
     assert loaded.to_dict() == plan.to_dict()
     assert str(loaded) == str(plan)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from checkpointing import CheckpointPlan, PlanMeasurement, plan_checkpointing
+from checkpointing import CheckpointPlan, Decision, PlanMeasurement, plan_checkpointing
 
 
 class _Block(nn.Module):
@@ -154,7 +154,7 @@ def test_a_model_checkpointed_whole_is_measured_and_stays_checkpointed() -> None
     model, inputs = _model()
     plain = plan_checkpointing(model, inputs, 0.5).plain_bytes
     whole = CheckpointPlan(
-        decisions={"": "checkpoint"},
+        choices={"": Decision("checkpoint")},
         rows=(),
         plain_bytes=plain,
         estimated_bytes=0,

@@ -23,13 +23,14 @@ from torch import nn
 import accel
 from checkpointing import (
     CheckpointPlan,
+    Decision,
     apply_activation_checkpointing,
     plan_checkpointing,
 )
 from checkpointing._decisions import CHOSEN, SAVED, SELECTIVE
 from checkpointing._selective import unavailable_reason
 from checkpointing.planner import ConsideredPlan
-from checkpointing.planner._options import candidates
+from checkpointing.planner._grains import candidates, grain_named
 from checkpointing.planner._profile import profile_step
 from checkpointing.planner._search import blocks
 
@@ -192,22 +193,18 @@ def test_every_grain_the_planner_offers_is_exact(family: str) -> None:
     for name in [*kinds.values(), *holders, *(leaves if family == "resnet" else [])]:
         for option in _sampled(table[name]):
             model = copy.deepcopy(case.model)
-            plan = CheckpointPlan(
-                decisions={name: option.decision},
-                kept_calls={name: option.calls},
-                saved_plans={} if option.decision != SAVED else _saved(profile, name, option),
-                **_FIELDS,
-            )
+            plan = CheckpointPlan(choices={name: _decision(profile, name, option)}, **_FIELDS)
             plan.apply(model)
             _assert_exact(case, model, case.model)
             checked += 1
     assert kinds and checked >= len(kinds) + len(holders)
 
 
-def _saved(profile: Any, name: str, option: Any) -> dict[str, Any]:
-    from checkpointing.planner._saved_grain import saved_plan
-
-    return {name: saved_plan(profile, name, list(option.saved_units))}
+def _decision(profile: Any, name: str, option: Any) -> Decision:
+    """The decision a plan taking ``option`` holds for ``name``: its grain's payload."""
+    grain = grain_named(option.decision)
+    assert grain is not None
+    return Decision(option.decision, grain.payload(profile, name, option))
 
 
 @needs_transformers

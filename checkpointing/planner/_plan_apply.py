@@ -1,0 +1,118 @@
+"""Carrying a plan out on a model: each decision's grain checks it and wraps its module.
+
+Every decision is checked before anything is wrapped, so a plan refused leaves the
+model as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from accel import Accelerator
+
+from .._caches import switch_off_kv_cache
+from .._decisions import FULL
+from .._per_call import PerCallWrapper, count_calls_per_forward
+from .._root import checkpoint_root, root_checkpointed
+from .._wrapper import CheckpointWrapper
+from ._grains import Decision, Grain, coarseness_order, grain_named
+
+__all__ = ["apply_decisions"]
+
+
+def _checked(name: str, decision: Decision) -> tuple[Grain[Any], Any]:
+    """``decision``'s grain and its checked payload; ``ValueError`` if either is wrong."""
+    grain = grain_named(decision.grain)
+    if grain is None:
+        known = ", ".join(map(repr, coarseness_order()))
+        raise ValueError(
+            f"checkpointing: this plan says {decision.grain!r} for {name!r}, which this "
+            f"release does not know (it knows {known}). Plan again with this release, or "
+            "load the plan with the release that made it."
+        )
+    return grain, grain.check(name, decision.payload)
+
+
+def _target(model: nn.Module, module: str) -> tuple[nn.Module, str, nn.Module]:
+    parent_name, _, leaf = module.rpartition(".")
+    try:
+        parent = model.get_submodule(parent_name)
+        child = parent.get_submodule(leaf)
+    except AttributeError as error:
+        raise ValueError(
+            f"checkpointing: this plan checkpoints {module!r}, which the model does "
+            f"not have ({error}). Apply a plan to the model it was made for, or "
+            "to one built the same way."
+        ) from None
+    if isinstance(child, CheckpointWrapper):
+        raise ValueError(
+            f"checkpointing: {module!r} is already checkpointed; apply a plan to a "
+            "model without checkpoint wrappers."
+        )
+    return parent, leaf, child
+
+
+def _check_root(model: nn.Module, decision: Decision) -> None:
+    """Raise ``ValueError`` unless the root's decision can be carried out on ``model``."""
+    if decision.grain != FULL:
+        raise ValueError(
+            f"checkpointing: this plan says {decision.grain!r} for the model itself "
+            "(the root module, named ''); the root can only be checkpointed whole "
+            "('checkpoint'). Use a plan made by plan_checkpointing."
+        )
+    if root_checkpointed(model):
+        raise ValueError(
+            "checkpointing: the model itself is already checkpointed whole; apply a "
+            "plan to a model without checkpoint wrappers."
+        )
+
+
+def apply_decisions(
+    decisions: dict[str, Decision],
+    calls: dict[str, int],
+    model: nn.Module,
+    preserve_rng_state: bool,
+    backend: Accelerator | None,
+) -> None:
+    """Wrap, in place, the module calls ``decisions`` names (see ``CheckpointPlan.apply``).
+
+    Args:
+        decisions: Module call to decision (a module's name, or ``"name@k"``).
+        calls: For each module called several times per step, how many times.
+        model: The model, checked against the plan already.
+        preserve_rng_state: Replay the generator states in recomputation.
+        backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+    """
+    checked = {name: _checked(name, decision) for name, decision in decisions.items()}
+    grouped: dict[str, dict[int, str]] = {}
+    for name in decisions:
+        module, _, call = name.rpartition("@") if "@" in name else (name, "", "0")
+        grouped.setdefault(module, {})[int(call)] = name
+    targets: list[tuple[str, nn.Module, str, nn.Module]] = []
+    for module in grouped:
+        if not module:
+            _check_root(model, decisions[""])
+            continue
+        targets.append((module, *_target(model, module)))
+    switch_off_kv_cache(model)
+    if "" in decisions:
+        checkpoint_root(model, preserve_rng_state=preserve_rng_state, backend=backend)
+
+    def wrapped(name: str, child: nn.Module) -> nn.Module:
+        grain, payload = checked[name]
+        return grain.wrapper(
+            child, payload, name=name, preserve_rng_state=preserve_rng_state, backend=backend
+        )
+
+    for module, parent, leaf, child in targets:
+        names = grouped[module]
+        if module in calls:
+            variants = [
+                wrapped(names[k], child) if k in names else None for k in range(calls[module])
+            ]
+            setattr(parent, leaf, PerCallWrapper(child, variants))
+            count_calls_per_forward(model)
+        else:
+            setattr(parent, leaf, wrapped(names[0], child))
