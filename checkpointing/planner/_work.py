@@ -10,9 +10,10 @@ features into seconds at given rates. A call's features:
   the new storages it returns, whether it writes to an argument, and whether it draws
   random numbers.
 
-FLOPs come from ``torch.utils.flop_counter``'s formulas, with two corrections:
-a grouped convolution's weight gradient, which the formula counts ``groups`` times over,
-and FFTs, which it does not count (``5 N log2 N`` per transform of ``N`` points).
+FLOPs come from ``torch.utils.flop_counter``'s formulas but for two: a convolution's
+backward (:func:`convolution_backward_flops`: torch's formula counts a grouped
+convolution's weight gradient ``groups`` times over) and FFTs, which it does not count
+(:func:`fft_flops`: ``5 N log2 N`` per transform of ``N`` points).
 """
 
 from __future__ import annotations
@@ -27,7 +28,17 @@ from torch.utils._pytree import tree_flatten
 
 from ._cost import tensor_bytes
 
-__all__ = ["ATTENTION", "CONVOLUTION", "FFT", "MATMUL", "OpWork", "fft_flops", "op_kind", "op_work"]
+__all__ = [
+    "ATTENTION",
+    "CONVOLUTION",
+    "FFT",
+    "MATMUL",
+    "OpWork",
+    "convolution_backward_flops",
+    "fft_flops",
+    "op_kind",
+    "op_work",
+]
 
 #: The classes of FLOPs (:attr:`OpWork.kind`); an operator of none has ``""``.
 MATMUL, ATTENTION, CONVOLUTION, FFT = "matmul", "attention", "convolution", "fft"
@@ -125,16 +136,15 @@ def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -
         return _rnn_flops(args)
     if short in _FFT:
         return fft_flops(func, args, kwargs, out)
+    if short == "convolution_backward":
+        return convolution_backward_flops(func, args, kwargs)
     counter = _flop_registry().get(func._overloadpacket)
     if counter is None:
         return 0
     try:
-        flops = int(counter(*args, **kwargs, out_val=out))
+        return int(counter(*args, **kwargs, out_val=out))
     except Exception:  # a formula that does not know this overload's arguments
         return 0
-    if short == "convolution_backward":
-        flops -= _overcounted_weight_flops(func, args, kwargs, out)
-    return flops
 
 
 def _rnn_flops(args: tuple[Any, ...]) -> int:
@@ -158,27 +168,26 @@ def _argument(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: st
     raise KeyError(name)
 
 
-def _overcounted_weight_flops(
-    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
-) -> int:
-    """What ``flop_counter`` adds beyond the truth for a grouped convolution's weight grad.
+def convolution_backward_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """A convolution's backward FLOPs: ``2 |W| N S`` per gradient asked for.
 
-    Its formula counts the weight gradient as a convolution of the input with the output
-    gradient across all ``C_in x C_out`` channel pairs; with ``groups`` groups only
-    ``C_in x C_out / groups`` pairs meet. The true count is ``2 x |grad_weight| x N x
-    spatial`` (``spatial``: the output's positions, or the input's for a transposed
-    convolution), and the formula's is ``groups`` times that.
+    ``|W|`` is the weight's size (``C_out x C_in / groups x kernel``), ``N`` the batch
+    and ``S`` the positions the kernel visits: the output's, or the input's for a
+    transposed convolution. The input's gradient (a convolution of the output's gradient
+    with the weight) and the weight's (of the input with the output's gradient) each
+    pair every weight element with every visited position. ``flop_counter``'s formula
+    gives the same count without groups, and ``groups`` times too much for the weight's
+    gradient with them (every channel of the input against every channel of the output:
+    a depthwise convolution's weight gradient ``C`` times over).
     """
-    groups = int(_argument(func, args, kwargs, "groups"))
     mask = _argument(func, args, kwargs, "output_mask")
-    if groups <= 1 or not mask[1] or not isinstance(out, tuple) or out[1] is None:
-        return 0
+    weight = _argument(func, args, kwargs, "weight")
     transposed = bool(_argument(func, args, kwargs, "transposed"))
     grad_output = _argument(func, args, kwargs, "grad_output")
     data = _argument(func, args, kwargs, "input")
-    spatial = (data if transposed else grad_output).shape[2:]
-    true = 2 * out[1].numel() * grad_output.shape[0] * math.prod(spatial)
-    return int((groups - 1) * true)
+    positions = math.prod((data if transposed else grad_output).shape[2:])
+    per_gradient = 2 * weight.numel() * grad_output.shape[0] * positions
+    return int((bool(mask[0]) + bool(mask[1])) * per_gradient)
 
 
 def fft_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
