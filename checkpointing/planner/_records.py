@@ -74,8 +74,20 @@ class ModuleProfile:
     grads: tuple[bool, ...] = ()  # requires_grad of each tensor input, then each parameter
 
 
+class _PlainBytes:
+    """What a recorded step and a priced one share: the plain step's saved bytes."""
+
+    storage_bytes: dict[int, int]
+    saved_by: dict[int, set[tuple[str, ...]]]
+
+    @property
+    def plain_bytes(self) -> int:
+        """Bytes of the distinct storages autograd keeps in the plain step."""
+        return sum(self.storage_bytes[index] for index in self.saved_by)
+
+
 @dataclass(frozen=True)
-class RecordedStep:
+class RecordedStep(_PlainBytes):
     """One recorded training step, with no rate in it: what a plan is priced from.
 
     :func:`checkpointing.profile_step` returns it; pass it to
@@ -108,14 +120,9 @@ class RecordedStep:
     inputs: tuple[str, ...] = ()
     device_type: str = ""
 
-    @property
-    def plain_bytes(self) -> int:
-        """Bytes of the distinct storages autograd keeps in the plain step."""
-        return sum(self.storage_bytes[index] for index in self.saved_by)
-
 
 @dataclass
-class StepProfile:
+class StepProfile(_PlainBytes):
     """The recorded step priced at rates: storages, who saved them, and estimated seconds."""
 
     modules: dict[str, ModuleProfile]
@@ -126,11 +133,6 @@ class StepProfile:
     rates: DeviceRates
     fallback: str = ""  # why the step ran on real tensors, or empty
     host_masks: bool = False  # random draws land in host memory (dropout masks packable)
-
-    @property
-    def plain_bytes(self) -> int:
-        """Bytes of the distinct storages autograd keeps in the plain step."""
-        return sum(self.storage_bytes[index] for index in self.saved_by)
 
 
 def call_name(module: str, call: int, calls: int) -> str:
