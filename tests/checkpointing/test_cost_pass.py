@@ -97,6 +97,9 @@ def test_cost_is_pure_and_sums_the_calls_in_order() -> None:
     backward = 0.0
     for work in recorded.backward:
         backward += op_seconds(work, rates)
+    if recorded.fallback:  # torch 2.4: one real forward, the backward priced as twice it
+        assert not recorded.backward and backward == 0.0
+        backward = 2.0 * forward
     assert priced.forward_time == forward and priced.step_time == forward + backward
     record = priced.modules["0"]
     total = 0.0
@@ -192,4 +195,5 @@ def test_a_view_moves_nothing_and_costs_the_call_alone() -> None:
 def test_profile_step_records_for_the_backend_it_names() -> None:
     profile = profile_step(_model(), _inputs(), backend="cpu")
     assert profile.device_type == accel.get_backend("cpu").device_type
-    assert profile.plain_bytes > 0 and profile.forward and profile.backward
+    assert profile.plain_bytes > 0 and profile.forward
+    assert bool(profile.backward) == (not profile.fallback)  # a real forward has none
