@@ -44,6 +44,7 @@ from ._default_rates import host_rates
 from ._options import Option, candidates, storage_bytes
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._pricing import cost
+from ._profile import grads_of
 from ._profile import profile_step as record_step
 from ._records import RecordedStep, StepProfile
 from ._saved_grain import saved_plan
@@ -192,22 +193,29 @@ def _check_profile(
 ) -> None:
     """Raise ``ValueError`` unless ``profile`` was recorded for this model, inputs and device."""
     pairs = (
-        ("model", profile.structure, structure_of(model)),
-        ("inputs", profile.inputs, inputs_of(example_inputs)),
-        ("device type", (profile.device_type,), (backend.device_type,)),
+        ("another model", "this model has", profile.structure, structure_of(model)),
+        ("other inputs", "these inputs have", profile.inputs, inputs_of(example_inputs)),
+        ("another device type", "this backend has", (profile.device_type,), (backend.device_type,)),
     )
-    for what, recorded, given in pairs:
+    for what, here, recorded, given in pairs:
         if recorded != given:
             first = next(
                 ((r, g) for r, g in zip(recorded, given, strict=False) if r != g),
                 (", ".join(recorded) or "nothing", ", ".join(given) or "nothing"),
             )
             raise ValueError(
-                f"checkpointing: the profile passed was recorded for other {what} than "
-                f"these: it has {first[0]!r} where these have {first[1]!r}. Record one "
-                "with checkpointing.profile_step(model, example_inputs) for this model "
-                "and these inputs, or pass profile=None."
+                f"checkpointing: the profile passed was recorded for {what}: it has "
+                f"{first[0]!r} where {here} {first[1]!r}. Record one with "
+                "checkpointing.profile_step(model, example_inputs, backend=...) for this "
+                "model, these inputs and this backend, or pass profile=None."
             )
+    if profile.grads != grads_of(model, example_inputs):
+        raise ValueError(
+            "checkpointing: the profile passed was recorded while other parameters or "
+            "inputs required grad than now, and what autograd saves depends on it. Record "
+            "one with checkpointing.profile_step(model, example_inputs) as the model and "
+            "inputs are now, or pass profile=None."
+        )
 
 
 def _plan(

@@ -52,7 +52,7 @@ from ._sharded import refuse_real_step, unsharded, unsharded_fake
 from ._signature import inputs_of, structure_of
 from ._work import OpWork, op_work
 
-__all__ = ["call_with_state", "fake_state", "profile_step"]
+__all__ = ["call_with_state", "fake_state", "grads_of", "profile_step"]
 
 
 # Operators whose output shape or value the data decides (nonzero, masked_select, item):
@@ -373,8 +373,15 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         host_masks=host,
         structure=structure_of(model),
         inputs=inputs_of(example_inputs),
+        grads=grads_of(model, example_inputs),
         device_type=backend.device_type,
     )
+
+
+def grads_of(model: nn.Module, example_inputs: Any) -> tuple[bool, ...]:
+    """Whether each parameter, then each tensor input, requires grad."""
+    tensors = (*model.parameters(), *tensors_of(example_inputs))
+    return tuple(tensor.requires_grad for tensor in tensors)
 
 
 def _no_fake_reason(model: nn.Module) -> str:

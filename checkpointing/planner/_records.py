@@ -106,6 +106,8 @@ class RecordedStep(_PlainBytes):
         host_masks: Random draws land in host memory (dropout masks packable).
         structure: The profiled model's structure (:func:`._signature.structure_of`).
         inputs: Its inputs' shapes and dtypes (:func:`._signature.inputs_of`).
+        grads: Whether each parameter, then each tensor input, required grad (which
+            decides what autograd saves).
         device_type: The device type of the backend it was profiled for.
     """
 
@@ -118,6 +120,7 @@ class RecordedStep(_PlainBytes):
     host_masks: bool = False
     structure: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
+    grads: tuple[bool, ...] = ()
     device_type: str = ""
 
 

@@ -111,10 +111,16 @@ def test_cost_is_pure_and_sums_the_calls_in_order() -> None:
 
 def test_a_profile_of_another_model_or_other_inputs_is_refused() -> None:
     profile = profile_step(_model(), _inputs())
-    with pytest.raises(ValueError, match="recorded for other model than these"):
+    with pytest.raises(ValueError, match="recorded for another model: it has"):
         plan_checkpointing(nn.Sequential(_Block(), _Block()), _inputs(), 0.5, profile=profile)
-    with pytest.raises(ValueError, match=r"recorded for other inputs.*float32\[4, 16\]"):
+    with pytest.raises(
+        ValueError, match=r"other inputs: it has 'float32\[8, 16\]' where these inputs have"
+    ):
         plan_checkpointing(_model(), (torch.randn(4, 16),), 0.5, profile=profile)
+    frozen = _model()
+    frozen[0].up.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="while other parameters or inputs required grad"):
+        plan_checkpointing(frozen, _inputs(), 0.5, profile=profile)
     with pytest.raises(TypeError, match=r"profile must be what checkpointing\.profile_step"):
         plan_checkpointing(_model(), _inputs(), 0.5, profile=cost(profile, builtin_rates("cpu")))
 
