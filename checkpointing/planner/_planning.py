@@ -104,9 +104,10 @@ def plan_checkpointing(
             :func:`checkpointing.calibrate_rates` cached for this device (the plan's
             note then names the file and the rates' source), else the built-in ones
             (:func:`checkpointing.default_rates`).
-        profile: A step :func:`checkpointing.profile_step` recorded for this model, these
-            inputs' shapes and dtypes and this backend's device type; ``None`` records
-            one now. The plan is the same either way.
+        profile: A step :func:`checkpointing.profile_step` recorded for this model (the
+            same parameters requiring grad), these inputs' shapes and dtypes and this
+            backend's device type; ``None`` records one now. The plan is the same
+            either way.
 
     Returns:
         The plan; ``plan.apply(model)`` carries it out.
@@ -123,7 +124,7 @@ def plan_checkpointing(
             ``example_inputs`` pass ``use_cache=True`` or a key-value cache (a
             transformers ``config.use_cache`` that is ``True`` is instead set to
             ``False``, with a warning), or ``profile`` was recorded for another model,
-            other inputs or another device type.
+            other inputs, another device type or while other tensors required grad.
     """
     validate_budget(memory_budget)
     validate_planned(model, example_inputs)
