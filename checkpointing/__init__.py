@@ -24,7 +24,9 @@ Public names:
 * :func:`plan_checkpointing` and :class:`CheckpointPlan`: the fastest checkpointing
   that fits a memory budget, decided from shapes and a cost model (also
   ``apply_activation_checkpointing(model, memory_budget=0.5, example_inputs=(x,))``);
-  a plan saves to JSON and loads back; :class:`DeviceRates`, :func:`default_rates`
+  a plan saves to JSON and loads back; :func:`profile_step` records a step once
+  (a :class:`RecordedStep`, no rate in it) for several plans (``profile=``);
+  :class:`DeviceRates`, :func:`default_rates`
   and :func:`calibrate_rates`: the cost model's inputs (:mod:`checkpointing.planner`);
   :class:`PlanMeasurement`: one real step under a plan beside its figures
   (``plan.measure(model, example_inputs)``, to run once on a new device);
@@ -56,9 +58,11 @@ from .planner import (
     Decision,
     DeviceRates,
     PlanMeasurement,
+    RecordedStep,
     calibrate_rates,
     default_rates,
     plan_checkpointing,
+    profile_step,
 )
 
 # torch's own global switches: the non-reentrant variant runs torch's checkpoint.
@@ -85,6 +89,7 @@ __all__ = [
     "LiveActivationMeter",
     "PerCallWrapper",
     "PlanMeasurement",
+    "RecordedStep",
     "SavedTensorMeter",
     "apply_activation_checkpointing",
     "calibrate_rates",
@@ -94,6 +99,7 @@ __all__ = [
     "default_rates",
     "is_recomputing",
     "plan_checkpointing",
+    "profile_step",
     "set_checkpoint_debug_enabled",
     "set_checkpoint_early_stop",
 ]

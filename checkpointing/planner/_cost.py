@@ -1,23 +1,16 @@
-"""The planner's cost model: an operator call's seconds from what it computes and moves.
+"""The device rates the cost model prices a profile at: what a device computes and moves.
 
-The planner never times the model it plans. Each operator call of the profiled step
-(:mod:`._profile`, run on fake tensors) is priced from its shapes alone:
-
-* ``flops``: matrix products, attention and convolutions, counted by
-  ``torch.utils.flop_counter``'s formulas (an RNN layer's by its gate products);
-* ``bytes``: what the call reads and writes (its tensor arguments and new outputs);
-  a view or an alias moves nothing;
-* a fixed cost per call (dispatch and the Python around it).
-
-``seconds = max(flops / flop rate, bytes / byte rate) + call seconds``, with one flop
-rate per class (matmul, attention, convolution), one byte rate for random draws, a
-default byte rate for everything else, and a byte rate per operator where one is known
-(a layer norm or a GELU reads its bytes several times over). The rates are a
-:class:`DeviceRates`: the built-in table for the device type (:func:`builtin_rates`),
-rates calibrated on the device (:mod:`._calibration`) and cached for the host, which
-:func:`._default_rates.default_rates` prefers to the table, or the user's. They are
-inputs to the plan and recorded in it, so that the same model, shapes, dtypes, budget
-and rates give the same plan in every process, under any load.
+The planner never times the model it plans. Its profile (:mod:`._profile`) records what
+each operator call computes and moves (:class:`._work.OpWork`); the cost pass
+(:func:`._pricing.cost`) prices those features at a :class:`DeviceRates`: one flop
+rate per class (matmul, attention, convolution; an FFT's flops at the matmul rate), one
+byte rate for random draws, a default byte rate for everything else, a byte rate per
+operator where one is known (a layer norm or a GELU reads its bytes several times
+over), and a fixed cost per call. The rates are the built-in table for the device type
+(:func:`builtin_rates`), rates calibrated on the device (:mod:`._calibration`) and
+cached for the host, which :func:`._default_rates.default_rates` prefers to the table,
+or the user's. They are inputs to the plan and recorded in it, so that the same model,
+shapes, dtypes, budget and rates give the same plan in every process, under any load.
 """
 
 from __future__ import annotations
@@ -28,13 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-__all__ = ["DeviceRates", "builtin_rates", "operator_cost", "tensor_bytes"]
-
-_MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm"})
-_CONVOLUTION = frozenset({"convolution", "convolution_backward", "_convolution"})
-_RNN_LAYERS = frozenset({"mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell"})
+__all__ = ["DeviceRates", "builtin_rates", "tensor_bytes"]
 
 
 @dataclass(frozen=True)
@@ -276,83 +264,3 @@ def builtin_rates(device_type: str) -> DeviceRates:
 def tensor_bytes(tensor: torch.Tensor) -> int:
     """Bytes a tensor's elements span (its view, not its whole storage)."""
     return tensor.numel() * tensor.element_size()
-
-
-def _flop_registry() -> Mapping[Any, Any]:
-    from torch.utils.flop_counter import flop_registry
-
-    return flop_registry
-
-
-def _rnn_flops(args: tuple[Any, ...]) -> int:
-    """Gate products of one fused RNN layer: 2 x steps x batch x (input + hidden) x gates."""
-    tensors = [a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)]
-    if not tensors:
-        return 0
-    data = tensors[0]
-    weights = [t for t in tensors[1:] if t.dim() == 2]
-    rows = data.numel() // max(data.shape[-1], 1)
-    return 2 * rows * sum(w.numel() for w in weights)
-
-
-def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
-    short = func._overloadpacket.__name__
-    if short in _RNN_LAYERS:
-        return _rnn_flops(args)
-    counter = _flop_registry().get(func._overloadpacket)
-    if counter is None:
-        return 0
-    try:
-        return int(counter(*args, **kwargs, out_val=out))
-    except Exception:  # a formula that does not know this overload's arguments
-        return 0
-
-
-def operator_cost(
-    func: Any,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    out: Any,
-    fresh_bytes: int,
-    rates: DeviceRates,
-) -> float:
-    """Seconds one operator call takes on the device ``rates`` describe.
-
-    Args:
-        func: The ``torch._ops.OpOverload`` called.
-        args: Its positional arguments (real or fake tensors: only shapes are read).
-        kwargs: Its keyword arguments.
-        out: What it returned.
-        fresh_bytes: Bytes of the new storages it created (0 for a view or an alias).
-        rates: The device's rates.
-
-    Returns:
-        The estimated seconds.
-    """
-    short = func._overloadpacket.__name__
-    name = str(func)
-    flops = _flops(func, args, kwargs, out)
-    inputs = sum(tensor_bytes(t) for t in tree_flatten((args, kwargs))[0] if _is_tensor(t))
-    mutates = any(
-        arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments
-    )
-    if fresh_bytes == 0 and not mutates:
-        return rates.call_seconds  # a view, an alias, a metadata query: nothing moves
-    moved = inputs + fresh_bytes
-    if short in _MATMUL or short in _RNN_LAYERS:
-        compute = flops / rates.matmul_flops
-    elif "attention" in short:
-        compute = flops / rates.attention_flops
-    elif short in _CONVOLUTION:
-        compute = flops / rates.convolution_flops
-    else:
-        compute = 0.0
-    if torch.Tag.nondeterministic_seeded in func.tags and rates.random_bytes > 0:
-        transfer = max(fresh_bytes, inputs if mutates else 0) / rates.random_bytes
-    else:
-        transfer = moved / rates.operator_bytes.get(name, rates.memory_bytes)
-    return max(compute, transfer) + rates.call_seconds
-
-
-def _is_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor)

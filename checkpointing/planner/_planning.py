@@ -4,18 +4,18 @@ The stages, in the order :func:`plan_checkpointing` runs them:
 
 1. rates (:mod:`._default_rates`): the rates given, else this host's cache of
    calibrated rates (named in the plan's note), else the built-in :class:`DeviceRates`;
-2. profile (:func:`._profile.profile_step`): one training step on fake tensors records,
-   per module call, what autograd saves and every operator call (no memory, no kernel,
-   no random draw), each call priced from its FLOPs and bytes at the rates
-   (:func:`._cost.operator_cost`);
-3. options (:func:`._grains.candidates`): each grain's ways to checkpoint each module
+2. profile (:func:`._profile.profile_step`, skipped for a ``profile=`` given): one
+   training step on fake tensors records, per module call, what autograd saves and every
+   operator call's FLOPs and bytes (no memory, no kernel, no random draw, no rate);
+3. cost (:func:`._pricing.cost`): the recorded step priced at the rates;
+4. options (:func:`._grains.candidates`): each grain's ways to checkpoint each module
    call (the whole call, its saved tensors, its cheap operators, its chosen operator
    calls), with the bytes each keeps and the seconds it costs;
-4. search (:func:`._search.search`): the combination that fits the budget in the least
+5. search (:func:`._search.search`): the combination that fits the budget in the least
    estimated time;
-5. plan (:func:`_build`): the :class:`CheckpointPlan` (:mod:`._plan`), which prints,
+6. plan (:func:`_build`): the :class:`CheckpointPlan` (:mod:`._plan`), which prints,
    saves, loads and applies;
-6. agree (:func:`._agree.agreed`): under ``torch.distributed`` every rank takes rank
+7. agree (:func:`._agree.agreed`): under ``torch.distributed`` every rank takes rank
    0's plan.
 
 Nothing is timed, so the same model, input shapes and dtypes, budget and rates give
@@ -44,12 +44,14 @@ from ._default_rates import host_rates
 from ._grains import Decision, candidates, grain_named, margins
 from ._options import Option, storage_bytes
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
-from ._profile import profile_step
-from ._records import StepProfile
+from ._pricing import cost
+from ._profile import grads_of
+from ._profile import profile_step as record_step
+from ._records import RecordedStep, StepProfile
 from ._search import Candidate, search
 from ._signature import inputs_of, structure_of
 
-__all__ = ["plan_checkpointing"]
+__all__ = ["plan_checkpointing", "profile_step"]
 
 
 def plan_checkpointing(
@@ -60,6 +62,7 @@ def plan_checkpointing(
     backend: Accelerator | str | None = None,
     selective: bool = True,
     rates: DeviceRates | None = None,
+    profile: RecordedStep | None = None,
 ) -> CheckpointPlan:
     """Plan the checkpointing that fits ``memory_budget`` with the fastest step.
 
@@ -71,6 +74,10 @@ def plan_checkpointing(
     Under an initialised ``torch.distributed`` every rank returns rank 0's plan. The
     model's parameters, gradients, buffers and generator states are left as they were.
     A transformers KV cache (``config.use_cache``) is switched off, with a warning.
+
+    To plan the same model and inputs several times (other rates, other budgets),
+    record the step once with :func:`profile_step` and pass it as ``profile=``: each
+    plan then prices it and none profiles again.
 
     Example::
 
@@ -97,6 +104,10 @@ def plan_checkpointing(
             :func:`checkpointing.calibrate_rates` cached for this device (the plan's
             note then names the file and the rates' source), else the built-in ones
             (:func:`checkpointing.default_rates`).
+        profile: A step :func:`checkpointing.profile_step` recorded for this model (the
+            same parameters requiring grad), these inputs' shapes and dtypes and this
+            backend's device type; ``None`` records one now. The plan is the same
+            either way.
 
     Returns:
         The plan; ``plan.apply(model)`` carries it out.
@@ -104,14 +115,16 @@ def plan_checkpointing(
     Raises:
         TypeError: If ``memory_budget`` is not a float or an int, ``example_inputs`` is
             not a tuple (or list) or a dict (a bare tensor ``x`` is refused: pass
-            ``(x,)``), or ``rates`` is not a :class:`DeviceRates`.
+            ``(x,)``), ``rates`` is not a :class:`DeviceRates`, or ``profile`` is not
+            what :func:`checkpointing.profile_step` returns.
         ValueError: If ``memory_budget`` is out of range or below what checkpointing
             every candidate module call reaches (the message gives the smallest
             reachable fraction), the model is in evaluation mode, no module can be
             checkpointed (the message says why), no model output requires grad, or
             ``example_inputs`` pass ``use_cache=True`` or a key-value cache (a
             transformers ``config.use_cache`` that is ``True`` is instead set to
-            ``False``, with a warning).
+            ``False``, with a warning), or ``profile`` was recorded for another model,
+            other inputs, another device type or while other tensors required grad.
     """
     validate_budget(memory_budget)
     validate_planned(model, example_inputs)
@@ -122,13 +135,88 @@ def plan_checkpointing(
             "Pass checkpointing.calibrate_rates(...) or checkpointing.default_rates(...), "
             "or leave it None."
         )
+    if profile is not None and not isinstance(profile, RecordedStep):
+        raise TypeError(
+            f"checkpointing: profile must be what checkpointing.profile_step returns, got "
+            f"{type(profile).__name__}. Pass profile_step(model, example_inputs) or None."
+        )
     switch_off_kv_cache(model)
-    resolved = resolve_backend(backend)
-    backend = accel.get_backend() if resolved is None else resolved
+    backend = _backend(backend)
+    if profile is not None:
+        _check_profile(profile, model, example_inputs, backend)
     rates, rates_note = host_rates(backend) if rates is None else (rates, "")
     return agreed(
-        lambda: _plan(model, example_inputs, memory_budget, backend, selective, rates, rates_note)
+        lambda: _plan(
+            model, example_inputs, memory_budget, backend, selective, rates, rates_note, profile
+        )
     )
+
+
+def profile_step(
+    model: nn.Module, example_inputs: Any, *, backend: Accelerator | str | None = None
+) -> RecordedStep:
+    """Record one training step of ``model`` for planning: what it computes, moves and keeps.
+
+    The step runs on fake tensors, as :func:`plan_checkpointing` runs it (no activation
+    memory, no kernel, no random number drawn). The record holds each operator call's
+    FLOPs and bytes and no rate, so one record serves any number of plans::
+
+        profile = profile_step(model, (x,))
+        plan = plan_checkpointing(model, (x,), 0.5, rates=rates, profile=profile)
+        other = plan_checkpointing(model, (x,), 0.5, rates=other_rates, profile=profile)
+
+    Args:
+        model: The model, on its device and in training mode, not yet checkpointed.
+        example_inputs: A tuple of positional arguments (or a dict of keyword
+            arguments), shaped like a training batch.
+        backend: The backend or its name; ``None`` means :func:`accel.get_backend`.
+
+    Returns:
+        The recorded step, for :func:`plan_checkpointing`'s ``profile=``.
+
+    Raises:
+        TypeError: As :func:`plan_checkpointing`, for ``model`` or ``example_inputs``.
+        ValueError: As :func:`plan_checkpointing`, for the model's mode and KV cache.
+    """
+    validate_planned(model, example_inputs)
+    refuse_cache_inputs(example_inputs)
+    switch_off_kv_cache(model)
+    return record_step(model, example_inputs, _backend(backend))
+
+
+def _backend(backend: Accelerator | str | None) -> Accelerator:
+    resolved = resolve_backend(backend)
+    return accel.get_backend() if resolved is None else resolved
+
+
+def _check_profile(
+    profile: RecordedStep, model: nn.Module, example_inputs: Any, backend: Accelerator
+) -> None:
+    """Raise ``ValueError`` unless ``profile`` was recorded for this model, inputs and device."""
+    pairs = (
+        ("another model", "this model has", profile.structure, structure_of(model)),
+        ("other inputs", "these inputs have", profile.inputs, inputs_of(example_inputs)),
+        ("another device type", "this backend has", (profile.device_type,), (backend.device_type,)),
+    )
+    for what, here, recorded, given in pairs:
+        if recorded != given:
+            first = next(
+                ((r, g) for r, g in zip(recorded, given, strict=False) if r != g),
+                (", ".join(recorded) or "nothing", ", ".join(given) or "nothing"),
+            )
+            raise ValueError(
+                f"checkpointing: the profile passed was recorded for {what}: it has "
+                f"{first[0]!r} where {here} {first[1]!r}. Record one with "
+                "checkpointing.profile_step(model, example_inputs, backend=...) for this "
+                "model, these inputs and this backend, or pass profile=None."
+            )
+    if profile.grads != grads_of(model, example_inputs):
+        raise ValueError(
+            "checkpointing: the profile passed was recorded while other parameters or "
+            "inputs required grad than now, and what autograd saves depends on it. Record "
+            "one with checkpointing.profile_step(model, example_inputs) as the model and "
+            "inputs are now, or pass profile=None."
+        )
 
 
 def _plan(
@@ -139,6 +227,7 @@ def _plan(
     selective: bool,
     rates: DeviceRates,
     rates_note: str = "",
+    recorded: RecordedStep | None = None,
 ) -> CheckpointPlan:
     device_start = _device_start(backend)
     notes = [rates_note] if rates_note else []
@@ -148,7 +237,9 @@ def _plan(
         notes.append(
             f"operator grain unavailable (whole modules and saved tensors only): {reason}."
         )
-    profile = profile_step(model, example_inputs, backend, rates)
+    if recorded is None:
+        recorded = record_step(model, example_inputs, backend)
+    profile = cost(recorded, rates)
     if profile.fallback:
         notes.insert(0, f"Profiled on real tensors: {profile.fallback}.")
     plain = profile.plain_bytes

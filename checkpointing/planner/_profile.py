@@ -1,4 +1,4 @@
-"""Profiling one training step for the planner: on fake tensors, priced by the cost model.
+"""Profiling one training step for the planner: on fake tensors, with no rate in it.
 
 The step runs on *fake tensors* (``torch._subclasses.FakeTensorMode``): every
 parameter, buffer and input is replaced by a tensor that has a shape, a dtype and a
@@ -11,8 +11,10 @@ A dispatch mode and saved-tensor hooks record, per module *call*: the storages a
 saves while it runs (each once, parameters and buffers excluded, as
 :class:`SavedTensorMeter` counts), the storages of its tensor inputs (what a checkpoint
 keeps instead), the outputs of the operators a selective checkpoint keeps, and every
-operator call with its estimated seconds (:func:`._cost.operator_cost`). Backward runs
-on the fake tensors too, and its operators give the plain step's estimated time.
+operator call with what it computes and moves (:func:`._work.op_work`: FLOPs by class,
+bytes, random draws). Backward runs on the fake tensors too, and its operator calls are
+recorded for the plain step's time. Nothing here depends on the device's speed: the
+cost pass (:func:`._pricing.cost`) prices the recorded step at rates, as often as asked.
 
 A module called once is recorded under its qualified name; a module called several
 times per step (a layer shared across depths) gets one record per call, named
@@ -21,7 +23,7 @@ times per step (a layer shared across depths) gets one record per call, named
 Where the model cannot run on fake tensors (an operator whose output shape the data
 decides, such as mixture-of-experts routing, or one without a fake kernel), one real
 forward runs instead, keeping none of the tensors autograd saves; its backward is
-then estimated as twice its forward. :attr:`StepProfile.fallback` says why.
+then priced as twice its forward. :attr:`StepProfile.fallback` says why.
 """
 
 from __future__ import annotations
@@ -42,14 +44,15 @@ from .._replay import Geometry, Ref, replayable, template_of
 from .._saved_plan import grad_pattern
 from .._selective import is_saved_operator, written_tensors
 from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
-from ._cost import DeviceRates, builtin_rates, operator_cost
 from ._kernels import device_kernels
 from ._layouts import DeviceLayouts
 from ._leftovers import keeping_saved, leaving_nothing, tracking
-from ._records import ModuleProfile, OpCall, StepProfile, call_name
+from ._records import ModuleProfile, OpCall, RecordedStep, call_name
 from ._sharded import refuse_real_step, unsharded, unsharded_fake
+from ._signature import inputs_of, structure_of
+from ._work import OpWork, op_work
 
-__all__ = ["call_with_state", "fake_state", "profile_step"]
+__all__ = ["call_with_state", "fake_state", "grads_of", "profile_step"]
 
 
 # Operators whose output shape or value the data decides (nonzero, masked_select, item):
@@ -68,9 +71,8 @@ _DATA_DEPENDENT = tuple(
 class _Recorder(TorchDispatchMode):
     """Gives every new storage an index, and charges operators to the running calls."""
 
-    def __init__(self, rates: DeviceRates, state_names: dict[int, str]) -> None:
+    def __init__(self, state_names: dict[int, str]) -> None:
         super().__init__()
-        self.rates = rates
         self.state_names = state_names
         # Storage key -> its index and the storage, held weakly to see when it dies.
         self.ids: dict[int, tuple[int, weakref.ref[Any]]] = {}
@@ -78,9 +80,9 @@ class _Recorder(TorchDispatchMode):
         self.stack: list[ModuleProfile] = []
         self.occurrences: Counter[tuple[int, str]] = Counter()  # (record, operator) calls
         self.shaped_by_data: set[int] = set()  # storages created downstream of routing
-        self.forward_time = 0.0
-        self.backward_time = 0.0
-        self.backward = False
+        self.forward: list[OpWork] = []  # every operator call, in order
+        self.backward: list[OpWork] = []
+        self.in_backward = False
 
     def identify(self, tensor: torch.Tensor, new: bool = False) -> int | None:
         key = storage_key(tensor)
@@ -114,11 +116,11 @@ class _Recorder(TorchDispatchMode):
         results = tensors_of(out)
         fresh_keys = {storage_key(t): t for t in results if storage_key(t) not in inputs}
         fresh_bytes = sum(t.untyped_storage().nbytes() for t in fresh_keys.values())
-        seconds = operator_cost(func, args, kwargs, out, fresh_bytes, self.rates)
-        if self.backward:
-            self.backward_time += seconds
+        work = op_work(func, args, kwargs, out, fresh_bytes)
+        if self.in_backward:
+            self.backward.append(work)
             return out
-        self.forward_time += seconds
+        self.forward.append(work)
         outputs = tuple(
             None if storage_key(t) in inputs else self.identify(t, new=True) for t in results
         )
@@ -130,8 +132,7 @@ class _Recorder(TorchDispatchMode):
             if (index := self.identify(t)) is not None
         ]
         kept = is_saved_operator(func)
-        name = str(func)
-        random = torch.Tag.nondeterministic_seeded in func.tags
+        name, random = work.operator, work.random
         data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT)
         if data_dependent or self.shaped_by_data.intersection(read):
             # The output's shape may follow the data too, unless an input whose shape
@@ -151,18 +152,15 @@ class _Recorder(TorchDispatchMode):
             template = template if complete else None
         for record in self.stack:
             record.data_dependent |= data_dependent
-            record.forward_time += seconds
             if kept:
                 record.cached.update(fresh)
-            else:
-                record.recomputed_time += seconds
             occurrence = self.occurrences[id(record), name]
             self.occurrences[id(record), name] += 1
             record.ops.append(
                 OpCall(
                     name,
                     occurrence,
-                    seconds,
+                    0.0,
                     tuple(fresh),
                     tuple(dict.fromkeys(mutated)),
                     tuple(dict.fromkeys(read)),
@@ -170,6 +168,8 @@ class _Recorder(TorchDispatchMode):
                     func,
                     template,
                     outputs,
+                    work,
+                    kept,
                 )
             )
         return out
@@ -264,8 +264,8 @@ def fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
 
 
 def _run(
-    model: nn.Module, example_inputs: Any, rates: DeviceRates, fake: bool, backend: Any
-) -> tuple[_Calls, _Recorder, float]:
+    model: nn.Module, example_inputs: Any, fake: bool, backend: Any
+) -> tuple[_Calls, _Recorder]:
     """One step under the recorder: fake (forward and backward) or real (forward only).
 
     The fake step runs attention through the kernel the backend's device would choose
@@ -294,7 +294,7 @@ def _run(
         names = {}
         for name, tensor in named:
             names.setdefault(storage_key(tensor), name)
-    recorder = _Recorder(rates, names)
+    recorder = _Recorder(names)
     calls = _Calls(model, recorder)
     with ExitStack() as stack:
         for module in model.modules():
@@ -309,16 +309,14 @@ def _run(
             with keeping_saved(calls.pack):
                 output = call_with_state(model, state, inputs)
             outputs = require_grad(output)
-            recorder.backward = True
+            recorder.in_backward = True
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-            backward = recorder.backward_time
         else:
             with dropping_saved(calls.pack):
                 output = call_model(model, inputs)
             require_grad(output)
-            backward = 2.0 * recorder.forward_time
         del output
-    return calls, recorder, backward
+    return calls, recorder
 
 
 def call_with_state(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
@@ -329,9 +327,7 @@ def call_with_state(model: nn.Module, state: dict[str, torch.Tensor], inputs: An
     return functional_call(model, state, tuple(inputs), tie_weights=True, strict=False)
 
 
-def profile_step(
-    model: nn.Module, example_inputs: Any, backend: Any, rates: DeviceRates | None = None
-) -> StepProfile:
+def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> RecordedStep:
     """Record one plain step of ``model(*example_inputs)`` (see the module docstring).
 
     Args:
@@ -340,19 +336,16 @@ def profile_step(
         backend: The backend the model runs on: it names the attention kernel of its
             device (:func:`accel.attention_kernel`), and the real-tensor fallback puts its
             generators and the model's buffers back afterwards.
-        rates: The device's rates for the cost model (default: the built-in ones for
-            the backend's device type).
 
     Returns:
-        The recorded profile.
+        The recorded step, to price with :func:`._pricing.cost`.
     """
-    rates = builtin_rates(backend.device_type) if rates is None else rates
     fallback = fake_profile_unavailable() or _no_fake_reason(model)
     if not fallback:
         # Outside the handler: a failed step's frames are gone before its leftovers are.
         with leaving_nothing(model), unsharded(model):
             try:
-                calls, recorder, backward = _run(model, example_inputs, rates, True, backend)
+                calls, recorder = _run(model, example_inputs, True, backend)
             except ValueError:
                 raise
             except Exception as error:
@@ -367,19 +360,28 @@ def profile_step(
             "estimated as twice the forward"
         )
         with untouched(model, backend), leaving_nothing(model, fake=False):
-            calls, recorder, backward = _run(model, example_inputs, rates, False, backend)
+            calls, recorder = _run(model, example_inputs, False, backend)
     modules, saved_by = calls.finish()
     host = _host_device(model, example_inputs)
-    return StepProfile(
+    return RecordedStep(
         modules=modules,
         storage_bytes=recorder.storage_bytes,
         saved_by=saved_by,
-        step_time=recorder.forward_time + backward,
-        forward_time=recorder.forward_time,
-        rates=rates,
+        forward=tuple(recorder.forward),
+        backward=() if fallback else tuple(recorder.backward),
         fallback=fallback,
         host_masks=host,
+        structure=structure_of(model),
+        inputs=inputs_of(example_inputs),
+        grads=grads_of(model, example_inputs),
+        device_type=backend.device_type,
     )
+
+
+def grads_of(model: nn.Module, example_inputs: Any) -> tuple[bool, ...]:
+    """Whether each parameter, then each tensor input, requires grad."""
+    tensors = (*model.parameters(), *tensors_of(example_inputs))
+    return tuple(tensor.requires_grad for tensor in tensors)
 
 
 def _no_fake_reason(model: nn.Module) -> str:

@@ -1,8 +1,11 @@
 """What the profile records: module calls, their operator calls, and the step as a whole.
 
-:func:`._profile.profile_step` fills these in from one step on fake tensors; every
-later stage of the planner (options, search, plan) reads them. Storages are numbered
-(an ``int`` index per storage the step creates or receives), never held.
+:func:`._profile.profile_step` fills in a :class:`RecordedStep` from one step on fake
+tensors: per operator call what it computes and moves (:class:`._work.OpWork`), and no
+rate. The cost pass (:func:`._pricing.cost`) prices it at a device's rates into a
+:class:`StepProfile`, which every later stage of the planner (options, search, plan)
+reads. Storages are numbered (an ``int`` index per storage the step creates or
+receives), never held.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from typing import Any
 
 from .._replay import Geometry
 from ._cost import DeviceRates
+from ._work import OpWork
 
-__all__ = ["ModuleProfile", "OpCall", "StepProfile", "call_name", "module_name"]
+__all__ = ["ModuleProfile", "OpCall", "RecordedStep", "StepProfile", "call_name", "module_name"]
 
 
 @dataclass
@@ -21,8 +25,9 @@ class OpCall:
     """One operator call inside a module's forward, as a selective policy sees it.
 
     ``occurrence`` counts the earlier calls of the same operator in that module call's
-    forward, which is how a policy recognises the call again. ``seconds`` is the
-    cost model's estimate of the operator alone.
+    forward, which is how a policy recognises the call again. ``work`` is what the call
+    computes and moves; ``seconds``, the cost model's estimate of the operator alone, is
+    filled in by the cost pass (0 in a :class:`RecordedStep`).
     """
 
     name: str
@@ -35,11 +40,18 @@ class OpCall:
     func: Any = None
     template: Any = None  # (args, kwargs) with tensors as Refs; None if not replayable
     outputs: tuple[int | None, ...] = ()  # each output tensor's new storage, or None
+    work: OpWork | None = None  # None only in calls made up by hand (tests)
+    kept: bool = False  # a selective checkpoint keeps its output (not recomputed)
 
 
 @dataclass
 class ModuleProfile:
-    """What one module call's forward saved, took and received."""
+    """What one module call's forward saved, took and received.
+
+    ``forward_time`` and ``recomputed_time`` (its operators' seconds, and those of the
+    ones a selective checkpoint recomputes) are filled in by the cost pass (0 in a
+    :class:`RecordedStep`).
+    """
 
     name: str
     kind: str = ""
@@ -62,9 +74,59 @@ class ModuleProfile:
     grads: tuple[bool, ...] = ()  # requires_grad of each tensor input, then each parameter
 
 
+class _PlainBytes:
+    """What a recorded step and a priced one share: the plain step's saved bytes."""
+
+    storage_bytes: dict[int, int]
+    saved_by: dict[int, set[tuple[str, ...]]]
+
+    @property
+    def plain_bytes(self) -> int:
+        """Bytes of the distinct storages autograd keeps in the plain step."""
+        return sum(self.storage_bytes[index] for index in self.saved_by)
+
+
+@dataclass(frozen=True)
+class RecordedStep(_PlainBytes):
+    """One recorded training step, with no rate in it: what a plan is priced from.
+
+    :func:`checkpointing.profile_step` returns it; pass it to
+    :func:`checkpointing.plan_checkpointing` (``profile=``) to plan the same model and
+    inputs again, at other rates or budgets, without profiling again.
+
+    Attributes:
+        modules: Each module call's record, by name (``"name@k"`` for repeated calls).
+        storage_bytes: Bytes of each storage, by index.
+        saved_by: For each storage autograd saves, the stacks of module calls that saved it.
+        forward: Every operator call of the forward, in order (those outside any module
+            call included).
+        backward: Every operator call of the backward, in order (empty where the step
+            ran on real tensors: its backward is then priced as twice its forward).
+        fallback: Why the step ran on real tensors, or empty.
+        host_masks: Random draws land in host memory (dropout masks packable).
+        structure: The profiled model's structure (:func:`._signature.structure_of`).
+        inputs: Its inputs' shapes and dtypes (:func:`._signature.inputs_of`).
+        grads: Whether each parameter, then each tensor input, required grad (which
+            decides what autograd saves).
+        device_type: The device type of the backend it was profiled for.
+    """
+
+    modules: dict[str, ModuleProfile]
+    storage_bytes: dict[int, int]
+    saved_by: dict[int, set[tuple[str, ...]]]
+    forward: tuple[OpWork, ...]
+    backward: tuple[OpWork, ...]
+    fallback: str = ""
+    host_masks: bool = False
+    structure: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    grads: tuple[bool, ...] = ()
+    device_type: str = ""
+
+
 @dataclass
-class StepProfile:
-    """The recorded step: storages (by index), who saved them, and estimated seconds."""
+class StepProfile(_PlainBytes):
+    """The recorded step priced at rates: storages, who saved them, and estimated seconds."""
 
     modules: dict[str, ModuleProfile]
     storage_bytes: dict[int, int]
@@ -74,11 +136,6 @@ class StepProfile:
     rates: DeviceRates
     fallback: str = ""  # why the step ran on real tensors, or empty
     host_masks: bool = False  # random draws land in host memory (dropout masks packable)
-
-    @property
-    def plain_bytes(self) -> int:
-        """Bytes of the distinct storages autograd keeps in the plain step."""
-        return sum(self.storage_bytes[index] for index in self.saved_by)
 
 
 def call_name(module: str, call: int, calls: int) -> str:

@@ -10,6 +10,7 @@ its budget of what autograd saves (plus 2%), counted on the device.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -18,7 +19,8 @@ from torch import nn
 
 from accel import Accelerator
 from accel._compat import fake_profile_unavailable
-from checkpointing import CheckpointPlan, SavedTensorMeter, plan_checkpointing
+from checkpointing import CheckpointPlan, SavedTensorMeter, plan_checkpointing, profile_step
+from checkpointing.planner import builtin_rates
 
 
 class _Block(nn.Module):
@@ -103,6 +105,21 @@ def test_a_plan_saved_on_the_device_loads_and_applies_alike(
         _step(planned, x, accel_backend), _step(model, x, accel_backend), strict=True
     ):
         assert torch.equal(mine, theirs)
+
+
+def test_a_step_recorded_on_the_device_plans_at_other_rates_as_from_scratch(
+    accel_backend: Accelerator,
+) -> None:
+    model, x = _model(accel_backend.device())
+    profile = profile_step(model, (x,), backend=accel_backend)
+    rates = builtin_rates(accel_backend.device_type)
+    slower = dataclasses.replace(rates, memory_bytes=rates.memory_bytes / 20)
+    for each in (rates, slower):
+        again = plan_checkpointing(
+            model, (x,), 0.5, backend=accel_backend, rates=each, profile=profile
+        )
+        fresh = plan_checkpointing(model, (x,), 0.5, backend=accel_backend, rates=each)
+        assert again.to_dict() == fresh.to_dict()
 
 
 def test_a_batch_norm_model_planned_on_the_device_trains_exactly(

@@ -140,6 +140,7 @@ class _Block(nn.Module):
 def test_a_budget_plan_compiles_in_one_graph_and_trains_like_eager() -> None:
     from checkpointing import CheckpointPlan, Decision
     from checkpointing._decisions import FULL, SAVED
+    from checkpointing.planner import builtin_rates, cost
     from checkpointing.planner._profile import profile_step
     from checkpointing.planner._saved_grain import saved_plan, saved_units
 
@@ -147,7 +148,7 @@ def test_a_budget_plan_compiles_in_one_graph_and_trains_like_eager() -> None:
     plain = nn.Sequential(*(_Block() for _ in range(4)))
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
     planned = copy.deepcopy(plain)
-    profile = profile_step(planned, (x,), accel.get_backend("cpu"))
+    profile = cost(profile_step(planned, (x,), accel.get_backend("cpu")), builtin_rates("cpu"))
     units = saved_units(profile, "1")[-1]
     plan = CheckpointPlan(
         choices={"0": Decision(FULL), "1": Decision(SAVED, saved_plan(profile, "1", units))},

@@ -26,7 +26,7 @@ from checkpointing._decisions import ALTERNATE, FULL, SAVED, SELECTIVE
 from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
 from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
-from checkpointing.planner import builtin_rates
+from checkpointing.planner import builtin_rates, cost
 from checkpointing.planner._grains import candidates
 from checkpointing.planner._options import Option, storage_bytes
 from checkpointing.planner._profile import profile_step
@@ -119,7 +119,8 @@ _FIELDS: dict[str, Any] = {
 
 @needs_selective
 def test_torchtitans_rule_is_offered_per_call_and_priced_like_the_class_grain() -> None:
-    profile = profile_step(_model(), _inputs(), accel.get_backend("cpu"))
+    recorded = profile_step(_model(), _inputs(), accel.get_backend("cpu"))
+    profile = cost(recorded, builtin_rates("cpu"))
     options = candidates(profile, selective=True)
     record = profile.modules["0"]
     by_class, rule = _by_decision(options["0"], SELECTIVE), _by_decision(options["0"], ALTERNATE)
@@ -146,7 +147,9 @@ def test_torchtitans_rule_is_offered_per_call_and_priced_like_the_class_grain() 
 @needs_selective
 def test_a_module_with_one_mm_gets_no_second_copy_of_the_class_grain() -> None:
     model = nn.Sequential(nn.Sequential(nn.Linear(8, 8, bias=False), nn.ReLU()), nn.Linear(8, 1))
-    profile = profile_step(model, (torch.randn(4, 8),), accel.get_backend("cpu"))
+    profile = cost(
+        profile_step(model, (torch.randn(4, 8),), accel.get_backend("cpu")), builtin_rates("cpu")
+    )
     decisions = [option.decision for option in candidates(profile, selective=True)["0"]]
     assert SELECTIVE in decisions and ALTERNATE not in decisions
 
@@ -155,7 +158,8 @@ def test_a_module_with_one_mm_gets_no_second_copy_of_the_class_grain() -> None:
 def test_the_rule_recomputes_every_second_mm_keeps_what_it_estimates_and_is_exact() -> None:
     plain = _model()
     expected = _step(plain)
-    profile = profile_step(_model(), _inputs(), accel.get_backend("cpu"))
+    recorded = profile_step(_model(), _inputs(), accel.get_backend("cpu"))
+    profile = cost(recorded, builtin_rates("cpu"))
     options = candidates(profile, selective=True)
     models = {}
     for decision in (SELECTIVE, ALTERNATE):

@@ -16,6 +16,7 @@ from checkpointing._decisions import CHOSEN
 from checkpointing._measure import LiveActivationMeter
 from checkpointing._selective import unavailable_reason
 from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
+from checkpointing.planner import builtin_rates, cost
 from checkpointing.planner._kept_ops import Unit, find_units, keep_options
 from checkpointing.planner._profile import profile_step
 from checkpointing.planner._records import OpCall
@@ -76,7 +77,8 @@ def _live_bytes(model: nn.Module, x: torch.Tensor) -> int:
 
 
 def _units(model: nn.Module, name: str) -> tuple[list[Unit], Any]:
-    profile = profile_step(model, (_inputs(),), accel.get_backend("cpu"))
+    recorded = profile_step(model, (_inputs(),), accel.get_backend("cpu"))
+    profile = cost(recorded, builtin_rates("cpu"))
     record = profile.modules[name]
     return find_units(record.ops, selective_cache_allows_mutation()), profile
 

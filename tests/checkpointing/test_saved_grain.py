@@ -17,6 +17,7 @@ from checkpointing._packed import Packed
 from checkpointing._replay import replayable
 from checkpointing._saved_plan import DROP, PACK
 from checkpointing._saved_wrapper import SavedTensorWrapper
+from checkpointing.planner import builtin_rates, cost
 from checkpointing.planner._profile import profile_step
 from checkpointing.planner._saved_grain import SavedUnit, saved_plan, saved_units
 
@@ -84,13 +85,13 @@ def _live_bytes(model: nn.Module, x: torch.Tensor) -> int:
 
 def _prefixes(model: nn.Module, x: torch.Tensor) -> list[list[SavedUnit]]:
     backend = accel.get_backend("cpu")
-    return saved_units(profile_step(model, (x,), backend), "body")
+    return saved_units(cost(profile_step(model, (x,), backend), builtin_rates("cpu")), "body")
 
 
 def test_every_greedy_prefix_is_bit_exact_with_dropout() -> None:
     reference, x = _model(), _inputs()
     backend = accel.get_backend("cpu")
-    profile = profile_step(reference, (x,), backend)
+    profile = cost(profile_step(reference, (x,), backend), builtin_rates("cpu"))
     prefixes = saved_units(profile, "body")
     actions = {unit.action for unit in prefixes[-1]}
     assert actions == {DROP, PACK}, "the stack has cheap recipes and host dropout masks"
@@ -103,7 +104,7 @@ def test_every_greedy_prefix_is_bit_exact_with_dropout() -> None:
 def test_the_longest_prefix_holds_what_it_promises() -> None:
     reference, x = _model(), _inputs()
     backend = accel.get_backend("cpu")
-    profile = profile_step(reference, (x,), backend)
+    profile = cost(profile_step(reference, (x,), backend), builtin_rates("cpu"))
     units = saved_units(profile, "body")[-1]
     model = copy.deepcopy(reference)
     model.body = SavedTensorWrapper(model.body, saved_plan(profile, "body", units))
@@ -267,7 +268,7 @@ class Outer(nn.Module):
 def _scaled_with_recipe() -> tuple[Outer, torch.Tensor]:
     torch.manual_seed(0)
     model, x = Outer(), torch.randn(4, WIDTH, requires_grad=True)
-    profile = profile_step(model, (x,), accel.get_backend("cpu"))
+    profile = cost(profile_step(model, (x,), accel.get_backend("cpu")), builtin_rates("cpu"))
     units = saved_units(profile, "body")[-1]
     assert [unit.label for unit in units] == ["sin"] and units[0].inputs
     model.body = SavedTensorWrapper(model.body, saved_plan(profile, "body", units))

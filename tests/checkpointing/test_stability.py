@@ -23,7 +23,6 @@ from _simulated_host import simulated  # loaded by tests/conftest.py
 from accel_two_ranks import run_two_ranks  # loaded by tests/conftest.py
 
 from checkpointing import CheckpointPlan, plan_checkpointing
-from checkpointing.planner import builtin_rates
 
 zoo = sys.modules["accel_zoo"]  # loaded by tests/conftest.py
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +66,7 @@ def test_storage_numbering_does_not_follow_the_allocator(monkeypatch: pytest.Mon
     from checkpointing.planner import _profile
 
     monkeypatch.setattr(_profile, "storage_key", lambda tensor: 1)
-    recorder = _profile._Recorder(builtin_rates("cpu"), {})
+    recorder = _profile._Recorder({})
     first = torch.ones(3)
     assert recorder.identify(first, new=True) == 0
     assert recorder.identify(first[1:]) == 0  # a view of a live storage: the same one

@@ -24,10 +24,10 @@ from accel import Accelerator
 
 from ..._measure import storage_key
 from ..._steps import require_grad, tensors_of
-from .._cost import _CONVOLUTION, _MATMUL, _RNN_LAYERS, tensor_bytes
 from .._leftovers import leaving_nothing, tracking
 from .._profile import call_with_state, fake_state
 from .._sharded import unsharded
+from .._work import ATTENTION, CONVOLUTION, MATMUL, op_work
 from . import _stopwatch
 from ._stopwatch import Sizes
 
@@ -50,7 +50,7 @@ class _Call:
     func: Any
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    moved: int  # inputs + new storages, as operator_cost counts them
+    moved: int  # inputs + new storages, as the cost pass counts them
 
     def key(self) -> str:
         """The call's shapes, dtypes and other arguments, to group equal calls."""
@@ -81,7 +81,7 @@ def _safe_to_time(func: Any) -> bool:
 
 
 class _Recorder(TorchDispatchMode):
-    """Records the operator calls that :func:`operator_cost` prices by bytes per second."""
+    """Records the operator calls the cost pass prices by bytes per second."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,26 +90,15 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        short = func._overloadpacket.__name__
-        if (
-            short in _MATMUL
-            or short in _CONVOLUTION
-            or short in _RNN_LAYERS
-            or "attention" in short
-            or torch.Tag.nondeterministic_seeded in func.tags  # priced by random_bytes
-            or not _safe_to_time(func)
-        ):
+        if not _safe_to_time(func):
             return out
-        arguments = tensors_of((args, kwargs))
-        inputs = {storage_key(t) for t in arguments}
+        inputs = {storage_key(t) for t in tensors_of((args, kwargs))}
         fresh = {storage_key(t): t for t in tensors_of(out) if storage_key(t) not in inputs}
         fresh_bytes = sum(t.untyped_storage().nbytes() for t in fresh.values())
-        mutates = any(
-            arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments
-        )
-        if fresh_bytes == 0 and not mutates:
-            return out  # a view or a metadata query: priced per call only
-        moved = sum(tensor_bytes(t) for t in arguments) + fresh_bytes
+        work = op_work(func, args, kwargs, out, fresh_bytes)
+        if work.kind in (MATMUL, ATTENTION, CONVOLUTION) or work.random or not work.moves:
+            return out  # priced by flops, by random_bytes, or per call only
+        moved = work.read_bytes + work.fresh_bytes
         if moved > 0:
             self.calls.append(_Call(func, tree_map(_spec, args), tree_map(_spec, kwargs), moved))
         return out

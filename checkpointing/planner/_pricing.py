@@ -1,0 +1,115 @@
+"""The cost pass: a recorded step priced at a device's rates, as its own stage.
+
+The profile (:mod:`._profile`) records what each operator call computes and moves
+(:class:`._work.OpWork`) and no rate; :func:`cost` prices it. Planning again at other
+rates therefore prices again and never profiles again. An operator call takes
+
+``seconds = max(flops / flop rate, bytes / byte rate) + call seconds``
+
+with the flop rate of its class (matmul, attention, convolution; an FFT at the matmul
+rate, the rates having no class of their own for it), its bytes (arguments read and new
+storages written) at its operator's own byte rate where the rates have one, else the
+default one, and a random draw's new bytes at the random-draw rate. A view, an alias or
+a metadata query moves nothing and costs the call seconds alone.
+
+The pass is pure and deterministic: the same recorded step and rates give the same
+priced profile, bit for bit, summed in the order the step ran.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from ._cost import DeviceRates
+from ._records import ModuleProfile, OpCall, RecordedStep, StepProfile
+from ._work import ATTENTION, CONVOLUTION, FFT, MATMUL, OpWork
+
+__all__ = ["cost", "op_seconds"]
+
+
+def op_seconds(work: OpWork, rates: DeviceRates) -> float:
+    """Seconds one operator call takes on the device ``rates`` describe (module docstring)."""
+    if not work.moves:
+        return rates.call_seconds  # a view, an alias, a metadata query: nothing moves
+    if work.kind in (MATMUL, FFT):
+        compute = work.flops / rates.matmul_flops
+    elif work.kind == ATTENTION:
+        compute = work.flops / rates.attention_flops
+    elif work.kind == CONVOLUTION:
+        compute = work.flops / rates.convolution_flops
+    else:
+        compute = 0.0
+    if work.random and rates.random_bytes > 0:
+        drawn = max(work.fresh_bytes, work.read_bytes if work.mutates else 0)
+        transfer = drawn / rates.random_bytes
+    else:
+        moved = work.read_bytes + work.fresh_bytes
+        transfer = moved / rates.operator_bytes.get(work.operator, rates.memory_bytes)
+    return max(compute, transfer) + rates.call_seconds
+
+
+def cost(profile: RecordedStep, rates: DeviceRates) -> StepProfile:
+    """Price a recorded step at ``rates``: the planner's cost pass.
+
+    Every operator call's seconds (:func:`op_seconds`), each module call's forward and
+    recomputed seconds, and the plain step's, summed in the order the step ran. The
+    recorded step is left as it was; each feature is priced once however many calls
+    share it.
+
+    Args:
+        profile: The step :func:`checkpointing.profile_step` recorded.
+        rates: The device's rates.
+
+    Returns:
+        The priced profile the planner's options and search read.
+    """
+    prices: dict[OpWork, float] = {}
+
+    def seconds(work: OpWork | None) -> float:
+        if work is None:
+            return 0.0
+        price = prices.get(work)
+        if price is None:
+            price = prices[work] = op_seconds(work, rates)
+        return price
+
+    forward = _total(seconds(work) for work in profile.forward)
+    if profile.fallback:
+        backward = 2.0 * forward
+    else:
+        backward = _total(seconds(work) for work in profile.backward)
+    return StepProfile(
+        modules={name: _priced(record, seconds) for name, record in profile.modules.items()},
+        storage_bytes=profile.storage_bytes,
+        saved_by=profile.saved_by,
+        step_time=forward + backward,
+        forward_time=forward,
+        rates=rates,
+        fallback=profile.fallback,
+        host_masks=profile.host_masks,
+    )
+
+
+def _total(values: Iterable[float]) -> float:
+    """A left-to-right sum from 0.0, as the step ran (``sum`` may compensate on 3.12+)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
+def _priced(record: ModuleProfile, seconds: Callable[[OpWork | None], float]) -> ModuleProfile:
+    """A copy of ``record`` with its calls' and its own seconds (the record is unchanged)."""
+    ops: list[OpCall] = []
+    forward = recomputed = 0.0
+    for call in record.ops:
+        price = seconds(call.work)
+        priced = copy.copy(call)
+        priced.seconds = price
+        ops.append(priced)
+        forward += price
+        if not call.kept:
+            recomputed += price
+    return replace(record, ops=ops, forward_time=forward, recomputed_time=recomputed)

@@ -1,0 +1,205 @@
+"""Cost as its own pass (issue 40): the profile records FLOPs and bytes, ``cost`` prices it.
+
+A step recorded once (:func:`checkpointing.profile_step`) plans at any rates without
+running the model again, and each plan is the plan made from scratch at those rates.
+The pass is pure: pricing leaves the recorded step as it was. Grouped and depthwise
+convolutions and FFTs are counted by their formulas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import accel
+from checkpointing import RecordedStep, plan_checkpointing, profile_step
+from checkpointing.planner import StepProfile, builtin_rates, cost
+from checkpointing.planner._pricing import op_seconds
+from checkpointing.planner._work import CONVOLUTION, FFT, OpWork, op_work
+
+aten = torch.ops.aten
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*(_Block() for _ in range(4)))
+
+
+def _inputs() -> tuple[torch.Tensor]:
+    return (torch.randn(8, 16, generator=torch.Generator().manual_seed(1)),)
+
+
+def _slow_memory() -> Any:
+    """The built-in CPU rates with memory 50 times slower: another plan's prices."""
+    rates = builtin_rates("cpu")
+    return dataclasses.replace(
+        rates,
+        source="given",
+        memory_bytes=rates.memory_bytes / 50,
+        operator_bytes={k: v / 50 for k, v in rates.operator_bytes.items()},
+    )
+
+
+def _forwards(model: nn.Module) -> list[int]:
+    calls = [0]
+
+    def count(module: nn.Module, args: Any) -> None:
+        calls[0] += 1
+
+    model.register_forward_pre_hook(count)
+    return calls
+
+
+def test_a_recorded_step_plans_at_two_rates_with_one_step_and_the_same_plans() -> None:
+    model, inputs = _model(), _inputs()
+    fast, slow = builtin_rates("cpu"), _slow_memory()
+    fresh = [plan_checkpointing(model, inputs, 0.5, rates=rates) for rates in (fast, slow)]
+    forwards = _forwards(model)
+    profile = profile_step(model, inputs)
+    assert isinstance(profile, RecordedStep) and forwards == [1]
+    reused = [
+        plan_checkpointing(model, inputs, 0.5, rates=rates, profile=profile)
+        for rates in (fast, slow)
+    ]
+    assert forwards == [1], "planning with profile= ran the model again"
+    for again, made in zip(reused, fresh, strict=True):
+        assert str(again) == str(made) and again.to_dict() == made.to_dict()
+    assert reused[0].step_seconds < reused[1].step_seconds
+
+
+def test_cost_is_pure_and_sums_the_calls_in_order() -> None:
+    recorded = profile_step(_model(), _inputs())
+    before = [(call.seconds, call.work) for r in recorded.modules.values() for call in r.ops]
+    rates = builtin_rates("cpu")
+    priced = cost(recorded, rates)
+    assert isinstance(priced, StepProfile) and priced.rates is rates
+    assert cost(recorded, rates) == priced, "the same recorded step and rates, the same prices"
+    after = [(call.seconds, call.work) for r in recorded.modules.values() for call in r.ops]
+    assert after == before and {seconds for seconds, _ in after} == {0.0}
+    forward = 0.0
+    for work in recorded.forward:
+        forward += op_seconds(work, rates)
+    backward = 0.0
+    for work in recorded.backward:
+        backward += op_seconds(work, rates)
+    if recorded.fallback:  # torch 2.4: one real forward, the backward priced as twice it
+        assert not recorded.backward and backward == 0.0
+        backward = 2.0 * forward
+    assert priced.forward_time == forward and priced.step_time == forward + backward
+    record = priced.modules["0"]
+    total = 0.0
+    for call in record.ops:
+        assert call.work is not None and call.seconds == op_seconds(call.work, rates)
+        total += call.seconds
+    assert record.forward_time == total > record.recomputed_time > 0
+
+
+def test_a_profile_of_another_model_or_other_inputs_is_refused() -> None:
+    profile = profile_step(_model(), _inputs())
+    with pytest.raises(ValueError, match="recorded for another model: it has"):
+        plan_checkpointing(nn.Sequential(_Block(), _Block()), _inputs(), 0.5, profile=profile)
+    with pytest.raises(
+        ValueError, match=r"other inputs: it has 'float32\[8, 16\]' where these inputs have"
+    ):
+        plan_checkpointing(_model(), (torch.randn(4, 16),), 0.5, profile=profile)
+    frozen = _model()
+    frozen[0].up.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="while other parameters or inputs required grad"):
+        plan_checkpointing(frozen, _inputs(), 0.5, profile=profile)
+    with pytest.raises(TypeError, match=r"profile must be what checkpointing\.profile_step"):
+        plan_checkpointing(_model(), _inputs(), 0.5, profile=cost(profile, builtin_rates("cpu")))
+
+
+def _work(func: Any, *args: Any) -> OpWork:
+    out = func(*args)
+    results = out if isinstance(out, tuple) else (out,)
+    fresh = sum(t.untyped_storage().nbytes() for t in results if isinstance(t, torch.Tensor))
+    return op_work(func, args, {}, out, fresh)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_depthwise_convolution_counts_2_W_N_S_per_pass_and_gradient(transposed: bool) -> None:
+    # Depthwise: 6 channels, 6 groups, a 3x3 kernel; S: the 5x5 positions it visits.
+    n, channels, side = 2, 6, 5
+    x = torch.randn(n, channels, side, side)
+    w = torch.randn(channels, 1, 3, 3)
+    args = ([1, 1], [1, 1], [1, 1], transposed, [0, 0], channels)
+    forward = _work(aten.convolution.default, x, w, None, *args)
+    flops = 2 * w.numel() * n * side * side  # 2 |W| N S
+    assert forward.kind == CONVOLUTION and forward.flops == flops
+    grad = torch.randn(n, channels, side, side)
+    backward = _work(aten.convolution_backward.default, grad, x, w, None, *args, [True] * 3)
+    assert backward.kind == CONVOLUTION and backward.flops == 2 * flops  # input's + weight's
+    weight_only = _work(aten.convolution_backward.default, grad, x, w, None, *args, [0, 1, 0])
+    assert weight_only.flops == flops  # flop_counter's formula gives 6 times this
+
+
+def test_a_grouped_convolution_agrees_with_flop_counter_at_one_group() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(2, 4, 6, 6), torch.randn(8, 4, 3, 3)
+    grad = torch.randn(2, 8, 4, 4)
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, False])
+    with FlopCounterMode(display=False) as counter:
+        aten.convolution_backward.default(grad, x, w, None, *args)
+    ours = _work(aten.convolution_backward.default, grad, x, w, None, *args).flops
+    assert ours == counter.get_total_flops() == 2 * (2 * w.numel() * 2 * 4 * 4)
+
+
+@pytest.mark.parametrize(
+    ("func", "shape", "args", "points", "transforms"),
+    [
+        (aten._fft_r2c.default, (3, 64), ([1], 0, True), 64, 3),
+        (aten._fft_c2c.default, (2, 8, 16), ([1, 2], 0, True), 128, 2),
+        (aten._fft_c2r.default, (4, 17), ([1], 0, 32), 32, 4),  # N: the real output's
+    ],
+)
+def test_an_fft_counts_5_N_log2_N_per_transform(
+    func: Any, shape: tuple[int, ...], args: tuple[Any, ...], points: int, transforms: int
+) -> None:
+    real = func is aten._fft_r2c.default
+    signal = torch.randn(shape) if real else torch.randn(shape, dtype=torch.complex64)
+    work = _work(func, signal, *args)
+    assert work.kind == FFT
+    assert work.flops == round(5 * transforms * points * math.log2(points))
+
+
+def test_an_fft_is_priced_by_its_flops_or_its_bytes_whichever_takes_longer() -> None:
+    work = _work(aten._fft_r2c.default, torch.randn(4, 1024), [1], 0, True)
+    rates = builtin_rates("cpu")
+    by_bytes = (work.read_bytes + work.fresh_bytes) / rates.memory_bytes
+    by_flops = work.flops / rates.matmul_flops
+    assert op_seconds(work, rates) == max(by_flops, by_bytes) + rates.call_seconds
+    slow_flops = dataclasses.replace(rates, matmul_flops=1e6)
+    assert op_seconds(work, slow_flops) == work.flops / 1e6 + rates.call_seconds
+    fast_flops = dataclasses.replace(rates, matmul_flops=1e18, memory_bytes=1e3)
+    moved = work.read_bytes + work.fresh_bytes
+    assert op_seconds(work, fast_flops) == moved / 1e3 + rates.call_seconds
+
+
+def test_a_view_moves_nothing_and_costs_the_call_alone() -> None:
+    work = op_work(aten.view.default, (torch.ones(4, 4), [16]), {}, torch.ones(16), 0)
+    assert not work.moves and work.read_bytes == 64
+    assert op_seconds(work, builtin_rates("cpu")) == builtin_rates("cpu").call_seconds
+
+
+def test_profile_step_records_for_the_backend_it_names() -> None:
+    profile = profile_step(_model(), _inputs(), backend="cpu")
+    assert profile.device_type == accel.get_backend("cpu").device_type
+    assert profile.plain_bytes > 0 and profile.forward
+    assert bool(profile.backward) == (not profile.fallback)  # a real forward has none
