@@ -26,6 +26,7 @@ from checkpointing._saved_plan import SavedPlan
 from checkpointing._selective import unavailable_reason
 from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
 from checkpointing._wrapper import CheckpointWrapper
+from checkpointing.planner import builtin_rates, cost
 from checkpointing.planner._grains import _registry, candidates, grain_named
 from checkpointing.planner._grains._keep import Keep
 from checkpointing.planner._options import Call, Option
@@ -154,7 +155,8 @@ def test_a_grain_registered_alone_plans_saves_loads_and_applies(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     grain = _Untouched()
-    profile = profile_step(_model(), _inputs(), accel.get_backend("cpu"))
+    recorded = profile_step(_model(), _inputs(), accel.get_backend("cpu"))
+    profile = cost(recorded, builtin_rates("cpu"))
     before = candidates(profile, selective=True)
     monkeypatch.setattr(_registry, "GRAINS", (*_registry.GRAINS, grain))
     assert grain_named(grain.name) is grain
@@ -184,7 +186,8 @@ def test_a_grain_registered_alone_plans_saves_loads_and_applies(
 @needs_selective
 def test_each_grain_owns_what_it_offers_and_how_it_runs() -> None:
     model = _model()
-    profile = profile_step(copy.deepcopy(model), _inputs(), accel.get_backend("cpu"))
+    recorded = profile_step(copy.deepcopy(model), _inputs(), accel.get_backend("cpu"))
+    profile = cost(recorded, builtin_rates("cpu"))
     offered = {
         option.decision for options in candidates(profile, True).values() for option in options
     }
