@@ -153,7 +153,9 @@ def _apply_budget(
         raise ValueError(
             f"checkpointing: memory_budget and {', '.join(conflicts)} were both given; "
             "with a budget the planner chooses what to checkpoint (non-reentrant, inputs "
-            "kept on the device). Pass either memory_budget or check_fn, not both."
+            "kept on the device). Pass either memory_budget or check_fn, not both; to let "
+            "a plan send saved activations to host memory, call plan_checkpointing(model, "
+            "example_inputs, memory_budget, offload_activations=True) and apply the plan."
         )
     if example_inputs is None:
         raise ValueError(

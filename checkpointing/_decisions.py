@@ -5,7 +5,7 @@ The values are also what saved plan files hold: a name may change, a value may n
 
 from __future__ import annotations
 
-__all__ = ["ALTERNATE", "CHOSEN", "FULL", "KEEP", "SAVED", "SELECTIVE"]
+__all__ = ["ALTERNATE", "CHOSEN", "FULL", "KEEP", "OFFLOADED", "SAVED", "SELECTIVE"]
 
 KEEP = "keep"
 FULL = "checkpoint"
@@ -16,3 +16,5 @@ ALTERNATE = "recompute cheap ops, every second mm"
 #: (the most recompute time saved per byte kept), recompute the rest.
 CHOSEN = "keep costly ops"
 SAVED = "recompute saved"
+#: The offload grain: the call's saved activations wait in pinned host memory.
+OFFLOADED = "offload saved"

@@ -34,7 +34,15 @@ import torch
 
 from accel import Accelerator
 
-__all__ = ["HostCopy", "check_version", "restore", "stash", "version_witness", "wait_for_copies"]
+__all__ = [
+    "HostCopy",
+    "check_version",
+    "restore",
+    "side_stream",
+    "stash",
+    "version_witness",
+    "wait_for_copies",
+]
 
 
 @dataclass
@@ -96,7 +104,7 @@ _streams_lock = threading.Lock()
 _side_streams: dict[tuple[int, int], tuple[Accelerator, Any]] = {}
 
 
-def _side_stream(backend: Accelerator) -> Any:
+def side_stream(backend: Accelerator) -> Any:
     """Return this backend's copy stream for the current device, creating it once."""
     key = (id(backend), backend.current_device())
     with _streams_lock:
@@ -141,7 +149,7 @@ def copy_to_host(tensor: torch.Tensor, backend: Accelerator) -> HostCopy:
         host.copy_(data, non_blocking=pinned)
         return HostCopy(host, tensor.device, tensor.requires_grad, None, witness, version)
     current = backend.current_stream()
-    side = _side_stream(backend)
+    side = side_stream(backend)
     side.wait_stream(current)
     with backend.stream(side):
         host.copy_(data, non_blocking=pinned)
@@ -180,7 +188,7 @@ def restore(item: torch.Tensor | HostCopy, backend: Accelerator) -> torch.Tensor
     restored = torch.empty_like(item.host, device=item.device)
     if backend.supports_streams:
         current = backend.current_stream()
-        side = _side_stream(backend)
+        side = side_stream(backend)
         side.wait_stream(current)
         with backend.stream(side):
             restored.copy_(item.host, non_blocking=pinned)

@@ -25,6 +25,11 @@ import torch
 __all__ = ["DeviceRates", "builtin_rates", "tensor_bytes"]
 
 
+#: A copy's bytes per second between pinned host memory and a device, each way, where
+#: nothing was measured: a PCIe 4.0 x16 link (an H100 or H200 measured 55 GB/s on 5.0).
+COPY_BYTES = 25e9
+
+
 @dataclass(frozen=True)
 class DeviceRates:
     """What one device computes and moves per second: the cost model's inputs.
@@ -48,6 +53,10 @@ class DeviceRates:
             grain's hooks, in the forward and again in backward).
         operator_bytes: Bytes per second for named operators (``"aten.gelu.default"``),
             where one rate for all of them would be far off.
+        to_host_bytes: Bytes per second a copy from the device to page-locked host
+            memory moves (the offload grain's forward copies). Rates written before
+            this field was added read as the default, a PCIe 4.0 x16 link's 25 GB/s.
+        to_device_bytes: Bytes per second of the copy back (the grain's reloads).
     """
 
     device_type: str
@@ -62,6 +71,8 @@ class DeviceRates:
     policy_kept_seconds: float
     hook_seconds: float
     operator_bytes: Mapping[str, float] = field(default_factory=dict)
+    to_host_bytes: float = COPY_BYTES
+    to_device_bytes: float = COPY_BYTES
 
     def __post_init__(self) -> None:
         for name, value in self._numbers():
@@ -99,7 +110,7 @@ class DeviceRates:
             ValueError: If a field is missing or unknown.
         """
         names = set(cls.__dataclass_fields__)
-        missing, unknown = names - set(values), set(values) - names
+        missing, unknown = names - set(values) - _LATER_FIELDS, set(values) - names
         if missing or unknown:
             raise ValueError(
                 "checkpointing: these device rates do not match DeviceRates "
@@ -123,6 +134,8 @@ class DeviceRates:
 
 
 _TEXT_FIELDS = frozenset({"device_type", "source"})
+#: Fields added after the first rate files were written: those files read as defaults.
+_LATER_FIELDS = frozenset({"to_host_bytes", "to_device_bytes"})
 
 # Measured on the project's CI host (x86-64 AMD EPYC, 2 cores, one intra-op thread,
 # torch 2.13.0), idle, 2026-11-28, by benchmarks/bench_rates.py: checkpointing.

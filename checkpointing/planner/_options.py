@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ._offload_settings import OffloadSettings
 from ._records import ModuleProfile, StepProfile
 from ._saved_grain import SavedUnit
 
@@ -44,6 +45,7 @@ class Option:
     kept_count: int = 0  # of those, the kept ones
     extra_bytes: int = 0  # bytes held outside ``kept``: packed masks
     saved_units: tuple[SavedUnit, ...] = ()  # a saved-tensor option's drops and packs
+    payload: Any = None  # what a plan taking it keeps, where the grain builds it here
 
 
 def storage_bytes(profile: StepProfile, indices: Iterable[int]) -> int:
@@ -60,12 +62,14 @@ class Call:
     record: ModuleProfile
     mine: frozenset[int]  # the saved storages only this call saves (:func:`owned`)
     inputs: frozenset[int]  # its inputs' storages
+    offload: OffloadSettings | None = None  # the offload grain's, where it is asked for
 
     @classmethod
-    def of(cls, profile: StepProfile, name: str) -> Call:
+    def of(cls, profile: StepProfile, name: str, offload: OffloadSettings | None = None) -> Call:
         """Module call ``name`` of ``profile``."""
         record = profile.modules[name]
-        return cls(profile, name, record, frozenset(owned(profile, name)), frozenset(record.inputs))
+        mine, inputs = frozenset(owned(profile, name)), frozenset(record.inputs)
+        return cls(profile, name, record, mine, inputs, offload)
 
     def option(self, decision: str, seconds: float, kept: frozenset[int], **more: Any) -> Option:
         """An option that keeps ``kept``, with the bytes it saves exclusive to this call.

@@ -42,6 +42,13 @@ from ._compiled import compiled_forms, compiled_note
 from ._cost import DeviceRates
 from ._default_rates import host_rates
 from ._grains import Decision, candidates, grain_named, margins
+from ._offload_settings import (
+    OffloadRequest,
+    offload_note,
+    offload_settings,
+    over_cap,
+    without_offload,
+)
 from ._options import Option, storage_bytes
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._pricing import cost
@@ -63,6 +70,9 @@ def plan_checkpointing(
     selective: bool = True,
     rates: DeviceRates | None = None,
     profile: RecordedStep | None = None,
+    offload_activations: bool = False,
+    offload_host_bytes: int | None = None,
+    parameter_reload_bytes: int = 0,
 ) -> CheckpointPlan:
     """Plan the checkpointing that fits ``memory_budget`` with the fastest step.
 
@@ -108,6 +118,18 @@ def plan_checkpointing(
             same parameters requiring grad), these inputs' shapes and dtypes and this
             backend's device type; ``None`` records one now. The plan is the same
             either way.
+        offload_activations: Also consider the offload grain: a module call's saved
+            activations wait in pinned host memory, sent on the backend's copy stream in
+            forward and fetched back ahead of backward, where the copies fit the call's
+            compute (see "Offloading activations" in the guide). Off by default: it
+            takes pinned host memory, which the data loader, parameter offload and other
+            ranks on the host share. Never offered on a host or lazy backend (the note
+            says why).
+        offload_host_bytes: The cap on the plan's pinned host memory; ``None``: a
+            quarter of the host's total memory. Recorded in the plan.
+        parameter_reload_bytes: Bytes per step that parameter offload
+            (``offload_parameters``) reloads over the same host-to-device direction;
+            the activations' reloads get what is left.
 
     Returns:
         The plan; ``plan.apply(model)`` carries it out.
@@ -144,10 +166,19 @@ def plan_checkpointing(
     backend = _backend(backend)
     if profile is not None:
         _check_profile(profile, model, example_inputs, backend)
+    offload = OffloadRequest.of(offload_activations, offload_host_bytes, parameter_reload_bytes)
     rates, rates_note = host_rates(backend) if rates is None else (rates, "")
     return agreed(
         lambda: _plan(
-            model, example_inputs, memory_budget, backend, selective, rates, rates_note, profile
+            model,
+            example_inputs,
+            memory_budget,
+            backend,
+            selective,
+            rates,
+            rates_note,
+            profile,
+            offload,
         )
     )
 
@@ -228,6 +259,7 @@ def _plan(
     rates: DeviceRates,
     rates_note: str = "",
     recorded: RecordedStep | None = None,
+    offload: OffloadRequest | None = None,
 ) -> CheckpointPlan:
     device_start = _device_start(backend)
     notes = [rates_note] if rates_note else []
@@ -246,8 +278,13 @@ def _plan(
     budget = (
         math.floor(memory_budget * plain) if isinstance(memory_budget, float) else memory_budget
     )
-    options = candidates(profile, selective)
+    settings, why = (None, "") if offload is None else offload_settings(offload, backend, profile)
+    options = candidates(profile, selective, settings)
     pool, best = search(profile, options, budget, memory_budget)
+    while (largest := over_cap(best.chosen, settings)) is not None:
+        options = {**options, largest: without_offload(options[largest])}
+        pool, best = search(profile, options, budget, memory_budget)
+    notes += [note for note in (why, offload_note(best.chosen, settings)) if note]
     plan = _build(profile, options, best, pool, budget, " ".join(notes))
     plan = _with_model(plan, model, example_inputs)
     if device_start is None:

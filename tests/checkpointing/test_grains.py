@@ -79,12 +79,14 @@ def test_a_plan_holds_one_tagged_decision_per_call_and_its_views() -> None:
 def test_a_file_of_format_1_loads_saves_as_format_2_and_trains_exactly(tmp_path: Path) -> None:
     old = json.loads(V1_FILE.read_text())
     plan = CheckpointPlan.load(V1_FILE)
-    # Everything but the decisions is as the old file had it.
-    same = {"format", "decisions", "kept_calls", "saved_plans"}
+    # Everything but the decisions is as the old file had it; its rates read the copy
+    # rates added since as their defaults.
+    same = {"format", "decisions", "kept_calls", "saved_plans", "rates"}
     new = plan.to_dict()
     assert {k: v for k, v in new.items() if k not in same} == {
         k: v for k, v in old.items() if k not in same
     }
+    assert new["rates"] == {**old["rates"], "to_host_bytes": 25e9, "to_device_bytes": 25e9}
     assert new["format"] == "accel.checkpoint-plan/2"
     assert new["decisions"]["0"] == {"grain": CHOSEN, "payload": old["kept_calls"]["0"]}
     assert new["decisions"]["1"] == {"grain": SAVED, "payload": old["saved_plans"]["1"]}

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._offload_settings import OffloadSettings
 from .._options import Call, Option, is_candidate
 from .._records import StepProfile
 from ._base import Decision, Grain
 from ._chosen import CHOSEN_CALLS
 from ._keep import KEPT
+from ._offloaded import OFFLOAD
 from ._operator_class import EVERY_SECOND_MM, OPERATOR_CLASS
 from ._saved import SAVED_TENSORS
 from ._whole import WHOLE
@@ -37,6 +39,7 @@ GRAINS: tuple[Grain[Any], ...] = (
     EVERY_SECOND_MM,
     CHOSEN_CALLS,
     KEPT,
+    OFFLOAD,
 )
 
 
@@ -87,10 +90,15 @@ def options_of(call: Call, selective: bool) -> list[Option]:
     return found
 
 
-def candidates(profile: StepProfile, selective: bool) -> dict[str, list[Option]]:
-    """Every candidate module call's options (:func:`is_candidate`)."""
+def candidates(
+    profile: StepProfile, selective: bool, offload: OffloadSettings | None = None
+) -> dict[str, list[Option]]:
+    """Every candidate module call's options (:func:`is_candidate`).
+
+    ``offload`` holds the offload grain's settings, where the planner was asked for it.
+    """
     return {
-        name: options_of(Call.of(profile, name), selective)
+        name: options_of(Call.of(profile, name, offload), selective)
         for name in profile.modules
         if is_candidate(profile, name)
     }

@@ -1,0 +1,237 @@
+"""The offload grain: saved activations in pinned host memory between forward and backward.
+
+On the host backend the grain is never offered (the device is the host) and its wrapper
+refuses; those rules, the window, the arguments and the plan file are tested on every
+backend. Moving bytes needs a device apart from the host: the openreg cell (streams on
+worker threads, walled-off device memory) runs the rest, bit-exact against the plain
+model, with the bytes leaving the device, the host buffers reused, and faults clean.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from accel import Accelerator
+from checkpointing import CheckpointPlan, Decision, DeviceRates, plan_checkpointing
+from checkpointing._activation_offload import ActivationOffloadWrapper, host_pool
+from checkpointing._decisions import OFFLOADED
+from checkpointing.planner import builtin_rates
+from checkpointing.planner._grains._offloaded import OFFLOAD, OffloadPayload
+from checkpointing.planner._offload_settings import OffloadSettings, window
+
+WIDTH = 256
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
+        self.norm, self.drop = nn.LayerNorm(WIDTH), nn.Dropout(0.1)
+        self.fail = ""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.drop(nn.functional.gelu(self.up(x)))
+        if self.fail == "forward":
+            raise RuntimeError("a failing forward")
+        return self.norm(x + self.down(hidden))
+
+
+def _model(device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Block() for _ in range(4)]).to(device)
+
+
+def _inputs(device: torch.device) -> tuple[torch.Tensor]:
+    return (torch.randn(256, WIDTH, generator=torch.Generator().manual_seed(1)).to(device),)
+
+
+def _grads(model: nn.Module, inputs: Any, backend: Accelerator, seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    backend.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    model(*inputs).square().mean().backward()
+    return [p.grad.detach().cpu() for p in model.parameters() if p.grad is not None]
+
+
+def _device_only(backend: Accelerator) -> None:
+    if backend.device().type == "cpu":
+        pytest.skip(f"{backend.name} computes in host memory: nothing to offload to (openreg)")
+    if backend.is_lazy:
+        pytest.skip(f"{backend.name} is lazy: a copy to the host would run its graph early")
+
+
+@pytest.fixture
+def device_backend(accel_backend: Accelerator) -> Iterator[Accelerator]:
+    _device_only(accel_backend)
+    yield accel_backend
+
+
+def _offload_plan(backend: Accelerator, host_bytes: int = 64 << 20) -> CheckpointPlan:
+    device = backend.device()
+    return plan_checkpointing(
+        _model(device),
+        _inputs(device),
+        0.5,
+        backend=backend,
+        offload_activations=True,
+        offload_host_bytes=host_bytes,
+    )
+
+
+def test_the_host_backend_never_offers_the_grain_and_says_why() -> None:
+    device = torch.device("cpu")
+    model, inputs = _model(device), _inputs(device)
+    asked = plan_checkpointing(model, inputs, 0.5, backend="cpu", offload_activations=True)
+    plain = plan_checkpointing(model, inputs, 0.5, backend="cpu")
+    assert OFFLOADED not in asked.decisions.values()
+    assert "Offload grain left out: the 'cpu' backend computes in host memory" in asked.note
+    assert str(asked).splitlines()[:-1] == str(plain).splitlines()[:-1]
+    with pytest.raises(ValueError, match="computes in host memory"):
+        ActivationOffloadWrapper(nn.Linear(2, 2), cap_bytes=1, backend="cpu")(
+            torch.ones(1, 2, requires_grad=True)
+        )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        ({"offload_host_bytes": 1 << 30}, ValueError, "Pass offload_activations=True too"),
+        ({"offload_activations": 1}, TypeError, "must be True or False"),
+        ({"offload_activations": True, "offload_host_bytes": -1}, ValueError, "an int of"),
+        ({"offload_activations": True, "parameter_reload_bytes": 1.5}, ValueError, "bytes"),
+    ],
+)
+def test_bad_offload_arguments_are_refused_with_a_sentence(
+    arguments: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    device = torch.device("cpu")
+    with pytest.raises(error, match=message):
+        plan_checkpointing(_model(device), _inputs(device), 0.5, backend="cpu", **arguments)
+
+
+def test_the_window_hides_copies_only_within_the_calls_compute() -> None:
+    streams = OffloadSettings(1 << 30, to_host_bytes=1e9, to_device_bytes=0.5e9, overlapped=True)
+    assert window(10**6, 1e-3, streams) == (1e-3, 2e-3, True)
+    assert window(10**6, 0.9e-3, streams)[2] is False  # the copy out outlasts the forward
+    synchronous = OffloadSettings(1 << 30, 1e9, 1e9, overlapped=False)
+    assert window(10**6, 1.0, synchronous)[2] is False  # nothing hides without streams
+
+
+def test_rates_written_before_the_copy_rates_still_load() -> None:
+    old = builtin_rates("cpu").to_dict()
+    del old["to_host_bytes"], old["to_device_bytes"]
+    assert DeviceRates.from_dict(old) == builtin_rates("cpu")
+
+
+def test_an_offload_decision_saves_and_loads(tmp_path: Any) -> None:
+    device = torch.device("cpu")
+    plan = plan_checkpointing(_model(device), _inputs(device), 0.5, backend="cpu")
+    payload = OffloadPayload(bytes=1 << 20, copy_seconds=1e-4, host_bytes=1 << 30, min_bytes=1)
+    mine = CheckpointPlan(**{**plan.__dict__, "choices": {"0": Decision(OFFLOADED, payload)}})
+    mine.save(tmp_path / "plan.json")
+    assert CheckpointPlan.load(tmp_path / "plan.json") == mine
+    assert OFFLOAD.decode(OFFLOAD.encode(payload)) == payload
+    with pytest.raises(ValueError, match="gives no offload payload"):
+        OFFLOAD.check("0", None)
+
+
+def test_a_plan_that_offloads_trains_bit_exact(device_backend: Accelerator) -> None:
+    device = device_backend.device()
+    plan = _offload_plan(device_backend)
+    assert OFFLOADED in plan.decisions.values()
+    assert "offload: " in str(plan) and "to pinned host memory" in plan.note
+    plain, planned = _model(device), _model(device)
+    plan.apply(planned, backend=device_backend)
+    for seed in range(3):  # dropout draws the same masks: the forward runs once
+        expected = _grads(plain, _inputs(device), device_backend, seed)
+        got = _grads(planned, _inputs(device), device_backend, seed)
+        assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def test_offloaded_bytes_leave_the_device_and_the_host_buffers_are_reused(
+    device_backend: Accelerator,
+) -> None:
+    device = device_backend.device()
+    plan = _offload_plan(device_backend)
+    sent = sum(d.payload.bytes for d in plan.choices.values() if d.grain == OFFLOADED)
+    # The same plan with the offloaded calls left as they are.
+    kept = CheckpointPlan(
+        **{
+            **plan.__dict__,
+            "choices": {n: d for n, d in plan.choices.items() if d.grain != OFFLOADED},
+        }
+    )
+    offloaded, keeping = _model(device), _model(device)
+    plan.apply(offloaded, backend=device_backend)
+    kept.apply(keeping, backend=device_backend)
+    _grads(offloaded, _inputs(device), device_backend, 0)  # the pool allocates once
+    pool = host_pool(device_backend, 0)
+    allocated = pool.allocated_bytes
+    measured = plan.measure(offloaded, _inputs(device))
+    with warnings.catch_warnings():  # without its offload the plan is over budget
+        warnings.simplefilter("ignore", UserWarning)
+        without = kept.measure(keeping, _inputs(device)).activation_bytes
+    assert without - measured.activation_bytes >= 0.9 * sent > 0
+    assert measured.activation_bytes <= measured.estimated_bytes + 0.02 * measured.plain_bytes
+    _grads(offloaded, _inputs(device), device_backend, 1)
+    gc.collect()
+    assert pool.allocated_bytes == allocated and pool.in_use == 0
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_fault_leaves_nothing_behind(device_backend: Accelerator, where: str) -> None:
+    device = device_backend.device()
+    plan = _offload_plan(device_backend)
+    plain, planned = _model(device), _model(device)
+    plan.apply(planned, backend=device_backend)
+    pool = host_pool(device_backend, 0)
+    offloaded = [name for name, d in plan.choices.items() if d.grain == OFFLOADED]
+    block: Any = planned.get_submodule(offloaded[-1]).module
+
+    def fail(grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a failing backward")
+
+    def failing_step() -> None:
+        block.fail = where
+        out = planned(*_inputs(device))
+        out.register_hook(fail)
+        out.square().mean().backward()
+
+    with pytest.raises(RuntimeError, match="a failing") as caught:
+        failing_step()
+    del caught  # its traceback holds the failed step's frames
+    block.fail = ""
+    gc.collect()
+    assert pool.in_use == 0
+    expected = _grads(plain, _inputs(device), device_backend, 5)
+    got = _grads(planned, _inputs(device), device_backend, 5)
+    assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def test_past_the_cap_it_warns_and_then_recomputes(device_backend: Accelerator) -> None:
+    device = device_backend.device()
+    torch.manual_seed(0)
+    block = Block().to(device)
+    plain = copy.deepcopy(block)
+    wrapped = ActivationOffloadWrapper(
+        copy.deepcopy(block), cap_bytes=0, min_bytes=1, backend=device_backend
+    )
+    x = _inputs(device)
+    with pytest.warns(RuntimeWarning, match="host memory for offloaded activations ran out"):
+        first = _grads(wrapped, x, device_backend, 0)
+    assert wrapped.fallen_back
+    assert all(
+        torch.equal(a, b) for a, b in zip(_grads(plain, x, device_backend, 0), first, strict=True)
+    )
+    second = _grads(wrapped, x, device_backend, 1)  # checkpointed whole now, still exact
+    assert all(
+        torch.equal(a, b) for a, b in zip(_grads(plain, x, device_backend, 1), second, strict=True)
+    )
