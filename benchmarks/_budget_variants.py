@@ -42,6 +42,7 @@ from checkpointing import (
 
 __all__ = [
     "COMPILED",
+    "OFFLOAD",
     "TORCH_VARIANTS",
     "TorchCheckpoint",
     "build_variants",
@@ -51,6 +52,8 @@ __all__ = [
     "variant",
 ]
 
+#: The mixed plans (keep, recompute or offload), as ``"budget+offload 0.5"``.
+OFFLOAD = "budget+offload"
 TORCH_VARIANTS = ("torch per-block", "torch selective", "torchtitan op rule")
 COMPILED = ("compiled", "compiled, torch budget 0.5", "compiled, plan 0.5")
 
@@ -165,10 +168,17 @@ def variant(
     facts: dict[str, Any] = {}
     if plan is not None:
         plan.apply(model, backend=backend)
-    elif name.startswith(("budget", "plan at ")) or name == "compiled, plan 0.5":
+    elif name.startswith(("budget", "plan at ", OFFLOAD)) or name == "compiled, plan 0.5":
         fraction = float(name.split()[-1]) if budget is None else budget
         started = time.perf_counter()
-        plan = plan_checkpointing(model, case.inputs, fraction, backend=backend, rates=rates)
+        plan = plan_checkpointing(
+            model,
+            case.inputs,
+            fraction,
+            backend=backend,
+            rates=rates,
+            offload_activations=name.startswith(OFFLOAD),
+        )
         facts["planning_seconds"] = time.perf_counter() - started
         plan.apply(model, backend=backend)
         facts["_plan"] = plan
@@ -251,7 +261,7 @@ def build_variants(
                 case, name, backend, budget=budget, plan=plan, rates=rates
             )
         except ValueError as error:  # a budget the planner cannot reach for this model
-            if not name.startswith(("budget", "plan at ")):
+            if not name.startswith(("budget", "plan at ", OFFLOAD)):
                 raise
             unavailable[name] = f"plan_checkpointing raised: {error}"
         except Exception as error:  # a compiler that fails on this host: reported, not fatal

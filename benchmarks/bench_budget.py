@@ -97,6 +97,12 @@ table with one row per family, give at budget 0.5 the memory ratio, the measured
 estimated time ratios, ``|estimate - measured|``, and whether the time target, the
 budget (+2%) and exactness were met (``summary_at_half`` in the JSON).
 
+Mixed plans (issue 39): off the host and off lazy devices, ``budget+offload 0.5`` and
+``budget+offload 0.25`` plan with ``offload_activations=True`` (keep, recompute or
+offload each module call's activations); ``mixed_against_recompute`` in the JSON gives
+each one's step time over the recompute-only plan's at the same budget (target: at most
+1.0, and half the recompute-only overhead gone at 0.25 on a GPU).
+
 Out of sample (``--out-of-sample benchmarks/results/rates-cpu-<date>.json``): the
 built-in CPU rates are medians over ``bench_rates.py``'s runs, one per zoo family, so a
 family's estimate is in sample. With this option each family is planned with those
@@ -142,7 +148,7 @@ from _budget_checks import (
 )
 from _budget_measure import GPU_TOLERANCE, difference, gradients, graph_saved_bytes, step
 from _budget_print import draw, print_case, print_summary
-from _budget_variants import COMPILED, TORCH_VARIANTS, build_variants, torchtitan_rule
+from _budget_variants import COMPILED, OFFLOAD, TORCH_VARIANTS, build_variants, torchtitan_rule
 from _compiled_plan import judge
 from _rates_runs import left_out
 from _report import write_results
@@ -153,6 +159,9 @@ import accel
 from accel import Accelerator
 
 BUDGETS = (0.75, 0.5, 0.25)
+#: Budgets at which the mixed plans (keep, recompute or offload) are set against the
+#: recompute-only plans of the same run (issue 39).
+MIXED_BUDGETS = (0.5, 0.25)
 #: The plan timed twice in each run, for the noise.
 REPEATED = "budget 0.5"
 
@@ -197,6 +206,12 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         unavailable["torch selective"] = unavailable["torchtitan op rule"] = rule
     if args.compile:
         variants.extend(COMPILED)
+    mixed = [f"{OFFLOAD} {b}" for b in MIXED_BUDGETS]
+    if backend.device().type == "cpu" or backend.is_lazy:
+        reason = "the offload grain is not offered here (the device is the host, or lazy)"
+        unavailable.update(dict.fromkeys(mixed, reason))
+    else:
+        variants.extend(mixed)
     models: dict[str, nn.Module] = {}
     facts: dict[str, dict[str, Any]] = {}
     rates = None if args.out_of_sample is None else left_out(args.out_of_sample, family)
@@ -299,6 +314,12 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         "variants": rows,
         "noise": run_noise,
         "dominance": dominance(rows),
+        # Each mixed plan's step against the recompute-only plan's at the same budget.
+        "mixed_against_recompute": {
+            str(b): rows[f"{OFFLOAD} {b}"]["time_ratio"] / rows[f"budget {b}"]["time_ratio"]
+            for b in MIXED_BUDGETS
+            if f"{OFFLOAD} {b}" in rows and f"budget {b}" in rows
+        },
         "unavailable": unavailable,
         "plans": {k: v["plan"] for k, v in facts.items() if "plan" in v},
         "time_target": limit,
