@@ -235,3 +235,21 @@ def test_past_the_cap_it_warns_and_then_recomputes(device_backend: Accelerator) 
     assert all(
         torch.equal(a, b) for a, b in zip(_grads(plain, x, device_backend, 1), second, strict=True)
     )
+
+
+def test_the_grain_is_offered_where_asked_never_to_the_root() -> None:
+    from checkpointing.planner import cost, profile_step
+    from checkpointing.planner._options import Call
+
+    device = torch.device("cpu")
+    profile = cost(
+        profile_step(_model(device), _inputs(device), backend="cpu"), builtin_rates("cpu")
+    )
+    settings = OffloadSettings(1 << 30, to_host_bytes=1e15, to_device_bytes=1e15, overlapped=True)
+    offered = OFFLOAD.options(Call.of(profile, "0", settings))
+    assert [o.decision for o in offered] == [OFFLOADED] and offered[0].saved_bytes > 0
+    assert offered[0].payload.bytes == offered[0].saved_bytes
+    assert OFFLOAD.options(Call.of(profile, "0")) == []  # not asked for
+    assert OFFLOAD.options(Call.of(profile, "", settings)) == []  # the root
+    slow = OffloadSettings(1 << 30, to_host_bytes=1.0, to_device_bytes=1.0, overlapped=True)
+    assert OFFLOAD.options(Call.of(profile, "0", slow)) == []  # outside the window

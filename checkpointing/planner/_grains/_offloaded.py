@@ -63,7 +63,7 @@ class OffloadSaved(Grain[OffloadPayload]):
     def options(self, call: Call) -> list[Option]:
         """One option, where the planner was asked to offload and the copies fit."""
         settings = call.offload
-        if settings is None:
+        if settings is None or not call.name:  # the root is checkpointed whole or kept
             return []
         profile, record = call.profile, call.record
         sizes = profile.storage_bytes
