@@ -253,3 +253,16 @@ def test_the_grain_is_offered_where_asked_never_to_the_root() -> None:
     assert OFFLOAD.options(Call.of(profile, "", settings)) == []  # the root
     slow = OffloadSettings(1 << 30, to_host_bytes=1.0, to_device_bytes=1.0, overlapped=True)
     assert OFFLOAD.options(Call.of(profile, "0", slow)) == []  # outside the window
+
+
+def test_calibration_times_the_copies_off_the_host_only(accel_backend: Accelerator) -> None:
+    from checkpointing.planner._calibration._calibrate import _copy_rates
+    from checkpointing.planner._calibration._stopwatch import Sizes
+
+    sizes = Sizes(rounds=2, elements=1 << 16, sample_seconds=1e-4)
+    base = builtin_rates(accel_backend.device_type)
+    to_host, to_device = _copy_rates(accel_backend, sizes, base)
+    if accel_backend.device().type == "cpu" or accel_backend.is_lazy:
+        assert (to_host, to_device) == (base.to_host_bytes, base.to_device_bytes)
+    else:
+        assert 0 < to_host != base.to_host_bytes and 0 < to_device != base.to_device_bytes

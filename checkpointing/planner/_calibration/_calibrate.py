@@ -1,7 +1,8 @@
 """``calibrate_rates``: a device's rates for the cost model, measured on the device.
 
 It times a matrix product, a convolution, attention, a pointwise operator, a random
-draw, an operator call's fixed cost, and the pointwise, normalisation, reduction and
+draw, an operator call's fixed cost, a copy to pinned host memory and back (off the
+host), and the pointwise, normalisation, reduction and
 copy operators of a reference step (:class:`_Reference`), each with :mod:`._stopwatch`,
 plus a selective policy's and a saved-tensor hook's costs (:mod:`._overheads`), and
 returns them as :class:`DeviceRates`. With ``model`` and ``example_inputs`` it also
@@ -189,6 +190,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         else selective_overhead(backend, sizes)
     )
     hook = hook_seconds(backend, sizes)
+    to_host, to_device = _copy_rates(backend, sizes, base)
     where = (
         f"calibrated on {device_name(backend)}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d')}"
@@ -206,4 +208,25 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         policy_kept_seconds=per_kept,
         hook_seconds=hook,
         operator_bytes=operators,
+        to_host_bytes=to_host,
+        to_device_bytes=to_device,
     )
+
+
+def _copy_rates(backend: Accelerator, sizes: Sizes, base: DeviceRates) -> tuple[float, float]:
+    """Bytes per second copied between pinned host memory and the device, each way.
+
+    The offload grain's rates. Where the device is the host, or lazy (a copy would run
+    its pending graph), no copy is timed and the base rates stay: the grain is not
+    offered there.
+    """
+    device = backend.device()
+    if device.type == "cpu" or backend.is_lazy:
+        return base.to_host_bytes, base.to_device_bytes
+    host = backend.empty_pinned((sizes.elements,), torch.float32)
+    on_device = torch.empty(sizes.elements, device=device)
+    nbytes = tensor_bytes(on_device)
+    pinned = backend.supports_pinned_memory
+    to_host = nbytes / seconds(lambda: host.copy_(on_device, non_blocking=pinned), backend, sizes)
+    to_device = nbytes / seconds(lambda: on_device.copy_(host, non_blocking=pinned), backend, sizes)
+    return to_host, to_device
