@@ -70,6 +70,9 @@ def refuse_host(backend: Accelerator) -> None:
 class HostPool:
     """Page-locked host buffers kept for reuse, by size, under a cap in bytes.
 
+    Where a new size would pass the cap, the free buffers of other sizes are let go
+    first, so inputs whose shapes change between steps do not fill it.
+
     Args:
         backend: The backend whose ``empty_pinned`` allocates.
         cap_bytes: The most host bytes the pool allocates in all.
@@ -90,6 +93,10 @@ class HostPool:
             if free:
                 self.in_use += 1
                 return free.pop()
+            if self.allocated_bytes + nbytes > self.cap_bytes:
+                # Buffers of other sizes (shapes that changed) are let go before refusing.
+                self.allocated_bytes -= sum(b.numel() for f in self._free.values() for b in f)
+                self._free.clear()
             if self.allocated_bytes + nbytes > self.cap_bytes:
                 return None
             try:

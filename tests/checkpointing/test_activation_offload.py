@@ -266,3 +266,17 @@ def test_calibration_times_the_copies_off_the_host_only(accel_backend: Accelerat
         assert (to_host, to_device) == (base.to_host_bytes, base.to_device_bytes)
     else:
         assert 0 < to_host != base.to_host_bytes and 0 < to_device != base.to_device_bytes
+
+
+def test_the_pool_reuses_by_size_and_lets_other_sizes_go_under_its_cap() -> None:
+    import accel
+    from checkpointing._activation_offload import HostPool
+
+    pool = HostPool(accel.get_backend("cpu"), cap_bytes=1000)
+    first = pool.take(600)
+    assert first is not None and pool.take(600) is None  # past the cap
+    pool.give(first)
+    assert pool.take(600) is first  # reused
+    pool.give(first)
+    other = pool.take(800)  # the free 600-byte buffer is let go for it
+    assert other is not None and pool.allocated_bytes == 800 and pool.in_use == 1
