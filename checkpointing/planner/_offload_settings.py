@@ -9,29 +9,20 @@ host's total memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from accel import Accelerator
 
 from .._activation_offload import MIN_BYTES, refuse_host
-from .._decisions import OFFLOADED
 from ._records import StepProfile
-
-if TYPE_CHECKING:
-    from ._options import Option
 
 __all__ = [
     "HOST_SHARE",
     "OffloadRequest",
     "OffloadSettings",
     "host_memory_bytes",
-    "offload_note",
     "offload_settings",
-    "over_cap",
     "window",
-    "without_offload",
 ]
 
 #: The default cap on pinned host memory: this share of the host's total memory.
@@ -141,36 +132,6 @@ def offload_settings(
         overlapped=backend.supports_streams,
     )
     return settings, ""
-
-
-def over_cap(chosen: Mapping[str, Option], settings: OffloadSettings | None) -> str | None:
-    """The offloading call that sends the most, where the plan's copies pass the cap."""
-    if settings is None:
-        return None
-    sent = {name: o.saved_bytes for name, o in chosen.items() if o.decision == OFFLOADED}
-    if sum(sent.values()) <= settings.host_bytes:
-        return None
-    return max(sent, key=lambda name: (sent[name], name))
-
-
-def without_offload(options: list[Option]) -> list[Option]:
-    """``options`` less the offload grain's."""
-    return [option for option in options if option.decision != OFFLOADED]
-
-
-def offload_note(chosen: Mapping[str, Option], settings: OffloadSettings | None) -> str:
-    """The plan's sentence on what it offloads, where it offloads anything."""
-    sent = [o for o in chosen.values() if o.decision == OFFLOADED]
-    if settings is None or not sent:
-        return ""
-    nbytes = sum(o.saved_bytes for o in sent)
-    return (
-        f"Offloads {nbytes / 2**20:.1f} MiB of saved activations from {len(sent)} module "
-        f"call(s) to pinned host memory (cap {settings.host_bytes / 2**20:.0f} MiB; copies "
-        f"at {settings.to_host_bytes / 1e9:.1f} GB/s out, "
-        f"{settings.to_device_bytes / 1e9:.1f} GB/s back"
-        f"{'' if settings.overlapped else ', synchronous: this backend has no copy streams'})."
-    )
 
 
 def window(

@@ -42,13 +42,8 @@ from ._compiled import compiled_forms, compiled_note
 from ._cost import DeviceRates
 from ._default_rates import host_rates
 from ._grains import Decision, candidates, grain_named, margins
-from ._offload_settings import (
-    OffloadRequest,
-    offload_note,
-    offload_settings,
-    over_cap,
-    without_offload,
-)
+from ._grains._offloaded import offload_note, over_cap, without_offload
+from ._offload_settings import OffloadRequest, offload_settings
 from ._options import Option, storage_bytes
 from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._pricing import cost

@@ -17,6 +17,7 @@ seconds, the pool's cap and the smallest storage copied.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,12 @@ from accel import Accelerator
 
 from ..._activation_offload import ActivationOffloadWrapper
 from ..._decisions import OFFLOADED
-from .._offload_settings import window
+from .._offload_settings import OffloadSettings, window
 from .._options import Call, Option, storage_bytes
 from .._records import StepProfile
 from ._base import Grain
 
-__all__ = ["OFFLOAD", "OffloadPayload"]
+__all__ = ["OFFLOAD", "OffloadPayload", "offload_note", "over_cap", "without_offload"]
 
 
 @dataclass(frozen=True)
@@ -135,3 +136,33 @@ class OffloadSaved(Grain[OffloadPayload]):
 
 
 OFFLOAD = OffloadSaved()
+
+
+def over_cap(chosen: Mapping[str, Option], settings: OffloadSettings | None) -> str | None:
+    """The offloading call that sends the most, where the plan's copies pass the cap."""
+    if settings is None:
+        return None
+    sent = {name: o.saved_bytes for name, o in chosen.items() if o.decision == OFFLOADED}
+    if sum(sent.values()) <= settings.host_bytes:
+        return None
+    return max(sent, key=lambda name: (sent[name], name))
+
+
+def without_offload(options: list[Option]) -> list[Option]:
+    """``options`` less the offload grain's."""
+    return [option for option in options if option.decision != OFFLOADED]
+
+
+def offload_note(chosen: Mapping[str, Option], settings: OffloadSettings | None) -> str:
+    """The plan's sentence on what it offloads, where it offloads anything."""
+    sent = [o for o in chosen.values() if o.decision == OFFLOADED]
+    if settings is None or not sent:
+        return ""
+    nbytes = sum(o.saved_bytes for o in sent)
+    return (
+        f"Offloads {nbytes / 2**20:.1f} MiB of saved activations from {len(sent)} module "
+        f"call(s) to pinned host memory (cap {settings.host_bytes / 2**20:.0f} MiB; copies "
+        f"at {settings.to_host_bytes / 1e9:.1f} GB/s out, "
+        f"{settings.to_device_bytes / 1e9:.1f} GB/s back"
+        f"{'' if settings.overlapped else ', synchronous: this backend has no copy streams'})."
+    )
