@@ -602,9 +602,15 @@ def test_bench_budget_runs_a_family_at_a_chosen_size_with_the_cpu_exactness_rule
 
     import accel
 
-    args = argparse.Namespace(size="small", compile=False, warmup=0, steps=1, max_steps=1)
+    args = argparse.Namespace(
+        size="small", compile=False, warmup=0, steps=1, max_steps=1, out_of_sample=None
+    )
     result = bench_budget.run_case("qwen2", accel.get_backend("cpu"), args)
     assert result["size"] == "small" and result["size_note"] is None
+    # The built-in rates (in sample), and no mixed plan on the host: the grain is not offered.
+    assert result["rates"] == {"source": "default", "out_of_sample": False}
+    assert "not offered here" in result["unavailable"]["budget+offload 0.5"]
+    assert result["mixed_against_recompute"] == {}
     assert result["exact_rule"] == "bit-equal" and result["plain_rerun_difference"] is None
     plain = result["variants"]["plain"]
     assert plain["bit_equal"] is True and plain["grad_difference"] == 0
