@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 import checkpointing._activation_offload as activation_offload
 from accel import Accelerator
@@ -359,26 +360,38 @@ def test_a_failed_forward_gives_its_host_buffers_back_at_once(
     assert pool.in_use == before
 
 
-class _Chain(nn.Module):
-    """Eight tanh in a row: each saves its output, and the one before is freed at once."""
+class _Scratch(nn.Module):
+    """Saves a temporary and drops it; records whether its memory is alive afterwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive_in_forward: bool | None = None
+        self.storage: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for _ in range(8):
-            x = torch.tanh(x * 1.5)
-        return x
+        scratch = x * 1.5
+        out = torch.sin(scratch)  # saves scratch: offloaded, autograd holds a handle
+        self.storage = StorageWeakRef(scratch.untyped_storage())
+        del scratch
+        self.alive_in_forward = not self.storage.expired()
+        return torch.exp(out)  # a tensor of the same size: the allocator's next candidate
 
 
-def test_a_storage_freed_during_the_forward_is_not_taken_for_a_new_one(
+def test_an_offloaded_storage_lives_to_the_end_of_the_forward(
     wrapper_backend: Accelerator,
 ) -> None:
     # Copies are matched by storage address: an offloaded storage freed before the
-    # call ends would hand its address to the next tensor of its size, which would
-    # then come back with the old values (silently wrong gradients).
+    # call ends could hand its address to the next tensor of its size, which would then
+    # come back with the old values (silently wrong gradients, seen without streams).
     device = wrapper_backend.device()
+    scratch = _Scratch()
     wrapped = ActivationOffloadWrapper(
-        _Chain(), cap_bytes=1 << 30, min_bytes=1, backend=wrapper_backend
+        scratch, cap_bytes=1 << 30, min_bytes=1, backend=wrapper_backend
     )
     x = torch.randn(64, 16, device=device, requires_grad=True)
-    (want,) = torch.autograd.grad(_Chain()(x).sum(), x)
-    (got,) = torch.autograd.grad(wrapped(x).sum(), x)
+    out = wrapped(x)
+    assert scratch.alive_in_forward is True
+    assert scratch.storage.expired()  # and freed once the call returned
+    (got,) = torch.autograd.grad(out.sum(), x)
+    (want,) = torch.autograd.grad(_Scratch()(x).sum(), x)
     assert torch.equal(got.cpu(), want.cpu())
