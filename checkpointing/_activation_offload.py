@@ -27,7 +27,6 @@ leaves nothing behind.
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
 from typing import Any
@@ -38,6 +37,7 @@ from torch import nn
 from accel import Accelerator
 
 from ._checkpoint import run_checkpoint
+from ._host_pool import HostPool, host_pool
 from ._offload import side_stream, version_witness
 from ._wrapper import CheckpointWrapper
 
@@ -65,69 +65,6 @@ def refuse_host(backend: Accelerator) -> None:
             "activation to the host would run its pending graph in the middle of the "
             "forward. Recompute instead (any other grain)."
         )
-
-
-class HostPool:
-    """Page-locked host buffers kept for reuse, by size, under a cap in bytes.
-
-    Where a new size would pass the cap, the free buffers of other sizes are let go
-    first, so inputs whose shapes change between steps do not fill it.
-
-    Args:
-        backend: The backend whose ``empty_pinned`` allocates.
-        cap_bytes: The most host bytes the pool allocates in all.
-    """
-
-    def __init__(self, backend: Accelerator, cap_bytes: int) -> None:
-        self.backend = backend
-        self.cap_bytes = cap_bytes
-        self.allocated_bytes = 0
-        self.in_use = 0
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> torch.Tensor | None:
-        """A host buffer of ``nbytes`` bytes, or ``None`` past the cap or where pinning fails."""
-        with self._lock:
-            free = self._free.get(nbytes)
-            if free:
-                self.in_use += 1
-                return free.pop()
-            if self.allocated_bytes + nbytes > self.cap_bytes:
-                # Buffers of other sizes (shapes that changed) are let go before refusing.
-                self.allocated_bytes -= sum(b.numel() for f in self._free.values() for b in f)
-                self._free.clear()
-            if self.allocated_bytes + nbytes > self.cap_bytes:
-                return None
-            try:
-                buffer = self.backend.empty_pinned((nbytes,), torch.uint8)
-            except RuntimeError:
-                return None
-            self.allocated_bytes += nbytes
-            self.in_use += 1
-            return buffer
-
-    def give(self, buffer: torch.Tensor) -> None:
-        """Return ``buffer`` for reuse."""
-        with self._lock:
-            self.in_use -= 1
-            self._free.setdefault(buffer.numel(), []).append(buffer)
-
-
-_pools_lock = threading.Lock()
-_pools: dict[int, tuple[Accelerator, HostPool]] = {}
-
-
-def host_pool(backend: Accelerator, cap_bytes: int) -> HostPool:
-    """The process's pool for ``backend``; its cap is the largest any plan asked for."""
-    with _pools_lock:
-        entry = _pools.get(id(backend))
-        if entry is None or entry[0] is not backend:
-            entry = (backend, HostPool(backend, cap_bytes))
-            _pools[id(backend)] = entry
-        pool = entry[1]
-        pool.cap_bytes = max(pool.cap_bytes, cap_bytes)
-        return pool
 
 
 class _Stored:
