@@ -27,7 +27,6 @@ leaves nothing behind.
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
 from typing import Any
@@ -38,6 +37,7 @@ from torch import nn
 from accel import Accelerator
 
 from ._checkpoint import run_checkpoint
+from ._host_pool import HostPool, host_pool
 from ._offload import side_stream, version_witness
 from ._wrapper import CheckpointWrapper
 
@@ -67,69 +67,6 @@ def refuse_host(backend: Accelerator) -> None:
         )
 
 
-class HostPool:
-    """Page-locked host buffers kept for reuse, by size, under a cap in bytes.
-
-    Where a new size would pass the cap, the free buffers of other sizes are let go
-    first, so inputs whose shapes change between steps do not fill it.
-
-    Args:
-        backend: The backend whose ``empty_pinned`` allocates.
-        cap_bytes: The most host bytes the pool allocates in all.
-    """
-
-    def __init__(self, backend: Accelerator, cap_bytes: int) -> None:
-        self.backend = backend
-        self.cap_bytes = cap_bytes
-        self.allocated_bytes = 0
-        self.in_use = 0
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> torch.Tensor | None:
-        """A host buffer of ``nbytes`` bytes, or ``None`` past the cap or where pinning fails."""
-        with self._lock:
-            free = self._free.get(nbytes)
-            if free:
-                self.in_use += 1
-                return free.pop()
-            if self.allocated_bytes + nbytes > self.cap_bytes:
-                # Buffers of other sizes (shapes that changed) are let go before refusing.
-                self.allocated_bytes -= sum(b.numel() for f in self._free.values() for b in f)
-                self._free.clear()
-            if self.allocated_bytes + nbytes > self.cap_bytes:
-                return None
-            try:
-                buffer = self.backend.empty_pinned((nbytes,), torch.uint8)
-            except RuntimeError:
-                return None
-            self.allocated_bytes += nbytes
-            self.in_use += 1
-            return buffer
-
-    def give(self, buffer: torch.Tensor) -> None:
-        """Return ``buffer`` for reuse."""
-        with self._lock:
-            self.in_use -= 1
-            self._free.setdefault(buffer.numel(), []).append(buffer)
-
-
-_pools_lock = threading.Lock()
-_pools: dict[int, tuple[Accelerator, HostPool]] = {}
-
-
-def host_pool(backend: Accelerator, cap_bytes: int) -> HostPool:
-    """The process's pool for ``backend``; its cap is the largest any plan asked for."""
-    with _pools_lock:
-        entry = _pools.get(id(backend))
-        if entry is None or entry[0] is not backend:
-            entry = (backend, HostPool(backend, cap_bytes))
-            _pools[id(backend)] = entry
-        pool = entry[1]
-        pool.cap_bytes = max(pool.cap_bytes, cap_bytes)
-        return pool
-
-
 class _Stored:
     """One storage's bytes in a host buffer, and its reload while backward needs it."""
 
@@ -143,11 +80,28 @@ class _Stored:
         self.packs = self.unpacks_left = 0
         self.reloaded: torch.Tensor | None = None
         self.reload_done: Any = None
-        # Back to the pool when autograd frees the graph that holds this (no cycle holds it).
-        weakref.finalize(self, pool.give, host)
+        self.released = False
+        # Back to the pool when autograd frees the graph that holds this (no cycle holds it),
+        # or at once when the forward that made it raised (:meth:`release`).
+        self._give = weakref.finalize(self, pool.give, host)
+
+    def release(self) -> None:
+        """Give the host buffer back now: the forward that filled it raised.
+
+        Reusing it is safe: the next copy into it is queued on the same copy stream, after
+        the one that filled it.
+        """
+        self.released = True
+        self._give()
 
     def reload(self) -> None:
         """Start copying back to the device (on the copy stream where there is one)."""
+        if self.released:
+            raise RuntimeError(
+                "checkpointing: a saved activation offloaded to host memory was needed "
+                "after the forward of its module call raised, and its host buffer has been "
+                "reused since. Run the forward again and call backward on the new output."
+            )
         if self.reloaded is not None:
             return
         backend = self.backend
@@ -175,6 +129,21 @@ class _Stored:
             self.reloaded, self.reload_done = None, None
             self.unpacks_left = self.packs
         return reloaded
+
+
+def _on_host(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu"
+
+
+def _kept_anyway(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s memory stays whatever is offloaded: a parameter or its view.
+
+    Parameters of the call's own module are kept by storage already; this catches the
+    others: a weight the module reads from elsewhere (a head tied to the embedding saves
+    a transposed view of it), and any other leaf that requires grad.
+    """
+    root = tensor if tensor._base is None else tensor._base
+    return isinstance(root, nn.Parameter) or (root.is_leaf and root.requires_grad)
 
 
 def _raw(tensor: torch.Tensor) -> torch.Tensor:
@@ -221,7 +190,7 @@ class _Offload:
 
     def pack(self, tensor: torch.Tensor) -> Any:
         """``tensor`` itself where it stays on the device, else its :class:`_Packed` copy."""
-        if tensor.device.type == "cpu" or isinstance(tensor, nn.Parameter):
+        if _on_host(tensor) or _kept_anyway(tensor):
             return tensor
         storage = tensor.untyped_storage()
         pointer, nbytes = storage.data_ptr(), storage.nbytes()
@@ -241,6 +210,10 @@ class _Offload:
 
     def _send(self, raw: torch.Tensor, host: torch.Tensor) -> None:
         backend = self.backend
+        # Held until the call's forward ends, with or without streams: ``self.stored`` is
+        # keyed by address, and a storage freed during the forward would give its address
+        # to a new tensor, which would then come back with the old one's values.
+        self.in_flight.append(raw)
         if not backend.supports_streams:
             host.copy_(raw)
             return
@@ -248,7 +221,6 @@ class _Offload:
         side.wait_stream(backend.current_stream())
         with backend.stream(side):
             host.copy_(raw, non_blocking=True)
-        self.in_flight.append(raw)
 
     def finish(self) -> None:
         """Order the current stream after the copies, then let their device memory go.
@@ -256,10 +228,16 @@ class _Offload:
         The copies fit the call's forward (the window the planner allows), so the wait
         costs nothing where the plan holds; the memory is reused only after it.
         """
-        if self.in_flight:
-            backend = self.backend
+        backend = self.backend
+        if self.in_flight and backend.supports_streams:
             backend.current_stream().wait_event(side_stream(backend).record_event())
-            self.in_flight.clear()
+        self.in_flight.clear()
+
+    def abort(self) -> None:
+        """Give every host buffer of this call back: its forward raised."""
+        stored, self.stored = self.stored, {}
+        for entry in stored.values():
+            entry.release()
 
     def prefetch(self, _grad: Any = None) -> None:
         """Start every reload of this call: backward has reached its outputs."""
@@ -347,6 +325,10 @@ class ActivationOffloadWrapper(CheckpointWrapper):
         try:
             with torch.autograd.graph.saved_tensors_hooks(hooks.pack, _unpack):
                 output = self.module(*args, **kwargs)
+        except BaseException:
+            # Now, not when the exception's traceback lets the partial graph go.
+            hooks.abort()
+            raise
         finally:
             hooks.finish()
         if hooks.stored:

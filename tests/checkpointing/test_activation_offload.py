@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
+import checkpointing._activation_offload as activation_offload
 from accel import Accelerator
 from checkpointing import CheckpointPlan, Decision, DeviceRates, plan_checkpointing
 from checkpointing._activation_offload import ActivationOffloadWrapper, host_pool
@@ -280,3 +282,116 @@ def test_the_pool_reuses_by_size_and_lets_other_sizes_go_under_its_cap() -> None
     pool.give(first)
     other = pool.take(800)  # the free 600-byte buffer is let go for it
     assert other is not None and pool.allocated_bytes == 800 and pool.in_use == 1
+
+
+@pytest.fixture
+def wrapper_backend(accel_backend: Accelerator, monkeypatch: pytest.MonkeyPatch) -> Accelerator:
+    """The backend for wrapper-level tests; on the host, the host declared a device.
+
+    The wrapper then takes the path of a device without streams (plain host memory for
+    buffers), so the mechanism's rules run in every cell, not only in openreg's.
+    """
+    if accel_backend.is_lazy:
+        pytest.skip(f"{accel_backend.name} is lazy: a copy to the host would run its graph early")
+    if accel_backend.device().type == "cpu":
+        monkeypatch.setattr(activation_offload, "refuse_host", lambda backend: None)
+        monkeypatch.setattr(activation_offload, "_on_host", lambda tensor: False)
+    return accel_backend
+
+
+class _TiedHead(nn.Module):
+    """A head that reads a weight it does not own (tied to an embedding elsewhere)."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.tied = [weight]  # not registered: the embedding owns it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(torch.tanh(x), self.tied[0])
+
+
+def test_a_weight_read_from_elsewhere_is_never_offloaded(wrapper_backend: Accelerator) -> None:
+    device = wrapper_backend.device()
+    torch.manual_seed(0)
+    embedding = nn.Embedding(64, 32).to(device)
+    head = ActivationOffloadWrapper(
+        _TiedHead(embedding.weight), cap_bytes=1 << 30, min_bytes=1, backend=wrapper_backend
+    )
+    pool = host_pool(wrapper_backend, 0)
+    before = pool.in_use
+    x = torch.randn(8, 32, device=device, requires_grad=True)
+    out = head(x)
+    # linear saved tanh's output (sent) and a transposed view of the tied weight (kept):
+    # copying a parameter out and back every step would free nothing.
+    assert pool.in_use - before == 1
+    out.square().sum().backward()
+    want = nn.functional.linear(torch.tanh(x), embedding.weight).square().sum()
+    grads = torch.autograd.grad(want, (x, embedding.weight))
+    assert x.grad is not None and embedding.weight.grad is not None
+    assert torch.equal(x.grad.cpu(), grads[0].cpu())
+    assert torch.equal(embedding.weight.grad.cpu(), grads[1].cpu())
+
+
+def test_a_failed_forward_gives_its_host_buffers_back_at_once(
+    wrapper_backend: Accelerator,
+) -> None:
+    device = wrapper_backend.device()
+    torch.manual_seed(0)
+    block = Block().to(device)
+    plain = copy.deepcopy(block)
+    wrapped = ActivationOffloadWrapper(
+        block, cap_bytes=1 << 30, min_bytes=1, backend=wrapper_backend
+    )
+    pool = host_pool(wrapper_backend, 0)
+    before = pool.in_use
+    x = _inputs(device)
+    block.fail = "forward"
+    with pytest.raises(RuntimeError, match="a failing forward") as caught:
+        wrapped(*x)
+    # The traceback still holds the partial graph; its buffers are back in the pool.
+    assert caught.value is not None and pool.in_use == before
+    block.fail = ""
+    expected = _grads(plain, x, wrapper_backend, 3)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(expected, _grads(wrapped, x, wrapper_backend, 3), strict=True)
+    )
+    gc.collect()
+    assert pool.in_use == before
+
+
+class _Scratch(nn.Module):
+    """Saves a temporary and drops it; records whether its memory is alive afterwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alive_in_forward: bool | None = None
+        self.storage: Any = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = x * 1.5
+        out = torch.sin(scratch)  # saves scratch: offloaded, autograd holds a handle
+        self.storage = StorageWeakRef(scratch.untyped_storage())
+        del scratch
+        self.alive_in_forward = not self.storage.expired()
+        return torch.exp(out)  # a tensor of the same size: the allocator's next candidate
+
+
+def test_an_offloaded_storage_lives_to_the_end_of_the_forward(
+    wrapper_backend: Accelerator,
+) -> None:
+    # Copies are matched by storage address: an offloaded storage freed before the
+    # call ends could hand its address to the next tensor of its size, which would then
+    # come back with the old values (silently wrong gradients, seen without streams).
+    device = wrapper_backend.device()
+    scratch = _Scratch()
+    wrapped = ActivationOffloadWrapper(
+        scratch, cap_bytes=1 << 30, min_bytes=1, backend=wrapper_backend
+    )
+    x = torch.randn(64, 16, device=device, requires_grad=True)
+    out = wrapped(x)
+    assert scratch.alive_in_forward is True
+    assert scratch.storage.expired()  # and freed once the call returned
+    (got,) = torch.autograd.grad(out.sum(), x)
+    (want,) = torch.autograd.grad(_Scratch()(x).sum(), x)
+    assert torch.equal(got.cpu(), want.cpu())
