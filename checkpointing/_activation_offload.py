@@ -36,9 +36,9 @@ from torch import nn
 
 from accel import Accelerator
 
-from ._checkpoint import run_checkpoint
 from ._host_pool import HostPool, host_pool
 from ._offload import side_stream, version_witness
+from ._steps import tensors_of
 from ._wrapper import CheckpointWrapper
 
 __all__ = ["ActivationOffloadWrapper", "HostPool", "host_pool", "refuse_host"]
@@ -304,23 +304,15 @@ class ActivationOffloadWrapper(CheckpointWrapper):
 
         if not torch.is_grad_enabled():
             return self.module(*args, **kwargs)
-        backend = self._backend_ref.get() or accel.get_backend()
         # Saved-tensor hooks cannot be traced: compiled, the call is checkpointed whole,
         # which keeps less than the plan's estimate for it (its inputs only).
         if self.fallen_back or torch.compiler.is_compiling():
-            return run_checkpoint(
-                self.module,
-                args,
-                kwargs,
-                use_reentrant=False,
-                preserve_rng_state=self.preserve_rng_state,
-                backend=backend,
-            )
+            return super().forward(*args, **kwargs)
+        backend = self._backend_ref.get() or accel.get_backend()
         refuse_host(backend)
-        keep = {
-            t.untyped_storage().data_ptr()
-            for t in (*self.module.parameters(), *self.module.buffers(), *_tensors(args, kwargs))
-        }
+        module = self.module
+        kept = (*module.parameters(), *module.buffers(), *tensors_of((args, kwargs)))
+        keep = {t.untyped_storage().data_ptr() for t in kept}
         hooks = _Offload(self, backend, keep)
         try:
             with torch.autograd.graph.saved_tensors_hooks(hooks.pack, _unpack):
@@ -332,7 +324,7 @@ class ActivationOffloadWrapper(CheckpointWrapper):
         finally:
             hooks.finish()
         if hooks.stored:
-            for tensor in _tensors((output,), {}):
+            for tensor in tensors_of(output):
                 if tensor.requires_grad:
                     tensor.register_hook(hooks.prefetch)
         if hooks.refused_bytes:
@@ -351,10 +343,3 @@ class ActivationOffloadWrapper(CheckpointWrapper):
             RuntimeWarning,
             stacklevel=3,
         )
-
-
-def _tensors(args: Any, kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    leaves, _ = tree_flatten((args, kwargs))
-    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
