@@ -29,13 +29,20 @@ GENERAL = (
     "policy_call_seconds",
     "policy_kept_seconds",
     "hook_seconds",
+    "replay_seconds",
+    "pack_bytes",
 )
 
 
 def combine(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
     """Each general rate's median over ``runs``, and each operator's over the runs that
     time it."""
-    general = {name: statistics.median(run[name] for run in runs.values()) for name in GENERAL}
+    # Runs written before a field was added read as its default, as rate files do.
+    default = DeviceRates.__dataclass_fields__
+    general = {
+        name: statistics.median(run.get(name, default[name].default) for run in runs.values())
+        for name in GENERAL
+    }
     by_operator: dict[str, list[float]] = {}
     for run in runs.values():
         for name, rate in run["operator_bytes"].items():

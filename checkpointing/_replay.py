@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 __all__ = [
     "Geometry",
@@ -70,6 +70,9 @@ class Geometry:
                 f"had ({base.untyped_storage().nbytes()} bytes of {base.dtype}, expected "
                 f"{self.storage_bytes} of {self.dtype}). Make a new plan for this model."
             )
+        same = base.storage_offset() == self.offset and base.stride() == self.stride
+        if same and base.shape == self.size:
+            return base  # already this view: no new tensor needed
         return base.as_strided(self.size, self.stride, self.offset)
 
 
@@ -104,6 +107,29 @@ def template_of(value: Any, identify: Callable[[torch.Tensor], Ref | None]) -> t
 def resolve(template: Any, lookup: Callable[[Ref], torch.Tensor]) -> Any:
     """The arguments of a recorded call, each :class:`Ref` replaced by ``lookup(ref)``."""
     return tree_map(lambda leaf: lookup(leaf) if isinstance(leaf, Ref) else leaf, template)
+
+
+class FlatTemplate(NamedTuple):
+    """A template flattened once: its leaves, its structure, where its :class:`Ref` are."""
+
+    leaves: list[Any]
+    spec: TreeSpec
+    refs: tuple[int, ...]
+
+
+def flat_template(template: Any) -> FlatTemplate:
+    """``template`` flattened, for :func:`resolve_flat` to fill again and again."""
+    leaves, spec = tree_flatten(template)
+    refs = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, Ref))
+    return FlatTemplate(leaves, spec, refs)
+
+
+def resolve_flat(flat: FlatTemplate, lookup: Callable[[Ref], torch.Tensor]) -> Any:
+    """:func:`resolve` of a flattened template."""
+    leaves = list(flat.leaves)
+    for i in flat.refs:
+        leaves[i] = lookup(leaves[i])
+    return tree_unflatten(leaves, flat.spec)
 
 
 _UNSAFE_TAGS = tuple(

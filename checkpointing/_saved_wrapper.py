@@ -11,8 +11,9 @@ values. Planned tensors are then:
 * packed (``"pack"``): stored as booleans and one value; a tensor that turns out not
   to be two-valued is kept whole;
 * dropped (``"drop"``): unpacking runs the recipe's calls again under ``no_grad`` and
-  without autocast, and returns the saved view of the result. Other dropped outputs of
-  the same call wait in a cache until their own unpack.
+  without autocast, and returns the saved view of the result. A storage saved at
+  several positions is recomputed once, and dropped storages the recipe computed on the
+  way are not computed again: they wait in a cache until their last planned unpack.
 
 Every other saved tensor goes to the hooks that were active outside the module, if
 any, unchanged. Under ``torch.compile``, where saved-tensor hooks cannot be traced, the
@@ -42,7 +43,6 @@ wrapper: exact, and keeping less than the plan would.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any
 
@@ -51,223 +51,19 @@ from torch import nn
 
 import accel
 from accel import Accelerator
-from accel._compat import current_saved_tensors_hooks
 
 from ._caches import refuse_cache_arguments
 from ._checkpoint import _user_stacklevel, run_checkpoint
 from ._decisions import KEEP, SELECTIVE
-from ._errors import CheckpointError, plan_mismatch
-from ._measure import storage_key
-from ._packed import Packed
-from ._replay import Geometry, Ref, resolve
-from ._saved_plan import DROP, LEAF, PACK, SavedPlan, grad_pattern
+from ._errors import CheckpointError
+from ._saved_plan import SavedPlan, grad_pattern
+from ._saved_run import PlanIndex, SavedRun
 from ._selective import operator_class_contexts
 from ._state import ForwardState
 from ._steps import tensors_of as _tensors
 from ._wrapper import CheckpointWrapper
 
 __all__ = ["SavedTensorWrapper"]
-
-
-class _Outer:
-    """What the hooks active outside the module packed, and their unpack hook."""
-
-    def __init__(self, unpack: Any, value: Any) -> None:
-        self.unpack = unpack
-        self.value = value
-
-
-class _Dropped:
-    """A dropped saved tensor: which storage, and the view autograd saved of it.
-
-    On a checked call it keeps the tensor itself (``kept``) until its recipe has given
-    the same values.
-    """
-
-    def __init__(
-        self, run: _Run, index: int, geometry: Geometry, kept: torch.Tensor | None = None
-    ) -> None:
-        self.run = run
-        self.index = index
-        self.geometry = geometry
-        self.kept = kept
-
-
-class _Run:
-    """One forward of the wrapped module: its saved tensors counted by position."""
-
-    def __init__(
-        self, wrapper: SavedTensorWrapper, inputs: list[torch.Tensor], checking: bool = False
-    ) -> None:
-        self.plan = wrapper.plan
-        self.checking = checking
-        self.held: list[tuple[int, _Dropped]] = []  # a checked call's dropped tensors
-        self.problem = ""  # why a checked call's saved tensors do not match the plan
-        self.module = wrapper.module
-        self.position = 0
-        self.leaves: dict[int, torch.Tensor | Packed] = {}
-        self.versions: dict[int, int] = {}
-        self.pointers: dict[int, int] = {}
-        self.cache: dict[int, torch.Tensor] = {}
-        for index, position in self.plan.inputs.items():
-            if position < len(inputs):
-                self._remember(index, inputs[position])
-        self.outer = current_saved_tensors_hooks()
-
-    def _remember(self, index: int, tensor: torch.Tensor | Packed) -> None:
-        if index in self.leaves:
-            return
-        self.leaves[index] = tensor
-        if isinstance(tensor, torch.Tensor):
-            self.versions[index] = tensor._version
-
-    def _mismatch(self, position: int, what: str) -> CheckpointError:
-        return plan_mismatch("saved tensors", self.plan.module, f"saved tensor {position} {what}")
-
-    def pack(self, tensor: torch.Tensor) -> Any:
-        position = self.position
-        self.position += 1
-        planned = self.plan.positions.get(position)
-        if planned is None or self.problem:
-            return self._outer_pack(tensor)
-        action, index = planned
-        geometry = self.plan.geometries[position]
-        if not geometry.matches(tensor):
-            if not self.checking:
-                raise self._mismatch(position, "has another shape, layout or dtype")
-            self.problem = (
-                f"saved tensor {position} is {_view(Geometry.of(tensor))} where the plan "
-                f"has {_view(geometry)}"
-            )
-            return self._outer_pack(tensor)
-        pointer = storage_key(tensor)
-        if self.pointers.setdefault(index, pointer) != pointer:
-            if not self.checking:
-                raise self._mismatch(position, "lives in another storage than planned")
-            self.problem = f"saved tensor {position} lives in another storage than planned"
-            return self._outer_pack(tensor)
-        if action == LEAF:
-            self._remember(index, tensor)
-        elif action == PACK:
-            earlier = self.leaves.get(index)
-            packed = Packed.of(tensor) if earlier is None else earlier
-            if isinstance(packed, Packed) and packed.geometry == geometry:
-                self._remember(index, packed)
-                return packed
-            self._remember(index, tensor)
-        elif action == DROP:
-            dropped = _Dropped(self, index, geometry, tensor if self.checking else None)
-            if self.checking:
-                self.held.append((position, dropped))
-            return dropped
-        return self._outer_pack(tensor)
-
-    def _outer_pack(self, tensor: torch.Tensor) -> Any:
-        return tensor if self.outer is None else _Outer(self.outer[1], self.outer[0](tensor))
-
-    def unpack(self, packed: Any) -> torch.Tensor:
-        if isinstance(packed, _Dropped):
-            if packed.kept is not None:
-                return packed.kept
-            return packed.geometry.view(self._recompute(packed.index))
-        if isinstance(packed, Packed):
-            return packed.unpack()
-        if isinstance(packed, _Outer):
-            result: torch.Tensor = packed.unpack(packed.value)
-            return result
-        tensor: torch.Tensor = packed
-        return tensor
-
-    def check(self) -> str:
-        """After a checked forward: why the plan does not hold for it, or empty.
-
-        Runs every dropped tensor's recipe and compares its result with the tensor
-        autograd saved; releases the saved tensors where all match.
-        """
-        try:
-            for position, dropped in self.held:
-                saved = dropped.kept
-                if self.problem or saved is None:
-                    break
-                if not _same(dropped.geometry.view(self._recompute(dropped.index)), saved):
-                    self.problem = f"recomputing saved tensor {position} gives other values"
-        except Exception as error:  # a recipe that does not run on this call's tensors
-            first = str(error).splitlines()[0][:160] if str(error) else ""
-            self.problem = f"recomputing its saved tensors failed ({type(error).__name__}: {first})"
-        self.cache.clear()
-        if not self.problem:
-            for _, dropped in self.held:
-                dropped.kept = None
-        self.held.clear()
-        return self.problem
-
-    def _leaf(self, index: int) -> torch.Tensor:
-        leaf = self.leaves.get(index)
-        if leaf is None:
-            raise CheckpointError(
-                f"checkpointing: a recipe of {self.plan.module or 'the model'} reads a "
-                "tensor its forward never saved; the module no longer matches its plan. "
-                "Make a new plan with plan_checkpointing."
-            )
-        if isinstance(leaf, Packed):
-            return leaf.unpack()
-        if leaf._version != self.versions[index]:
-            raise RuntimeError(
-                f"checkpointing: a tensor that {self.plan.module or 'the model'} saved "
-                "for backward was modified in place after its forward (version "
-                f"{self.versions[index]} then, {leaf._version} now), so the activations "
-                "recomputed from it would be wrong. Clone it before modifying it."
-            )
-        return leaf
-
-    def _recompute(self, index: int) -> torch.Tensor:
-        cached = self.cache.pop(index, None)
-        if cached is not None:
-            return cached
-        computed: dict[int, torch.Tensor] = {}
-        steps = self.plan.recipes[index]
-
-        def lookup(ref: Ref) -> torch.Tensor:
-            if ref.kind == "state":
-                owner, _, attribute = str(ref.key)[len(self.plan.state_prefix) :].rpartition(".")
-                return ref.geometry.view(getattr(self.module.get_submodule(owner), attribute))
-            key = int(ref.key)
-            base = computed[key] if key in computed else self._leaf(key)
-            return ref.geometry.view(base)
-
-        devices = {
-            leaf.device.type for leaf in self.leaves.values() if isinstance(leaf, torch.Tensor)
-        }
-        with torch.no_grad(), contextlib.ExitStack() as stack:
-            for device in devices:
-                stack.enter_context(torch.autocast(device_type=device, enabled=False))
-            for step in steps:
-                args, kwargs = resolve(step.template, lookup)
-                outputs = _tensors(step.func(*args, **kwargs))
-                for storage, output in zip(step.outputs, outputs, strict=False):
-                    if storage is not None:
-                        computed[storage] = output
-        last = steps[-1]
-        for storage in last.outputs:
-            if storage is not None and storage != index and storage in self.plan.recipes:
-                self.cache[storage] = computed[storage]
-        return computed[index]
-
-
-def _view(geometry: Geometry) -> str:
-    """``(4, 6, 16) float32, strides (96, 1, 6)``: a saved view, for messages."""
-    dtype = str(geometry.dtype).removeprefix("torch.")
-    return f"{geometry.size} {dtype}, strides {geometry.stride}"
-
-
-def _same(recomputed: torch.Tensor, saved: torch.Tensor) -> bool:
-    """Whether two tensors hold the same values, NaN where the other has NaN."""
-    if recomputed.shape != saved.shape or recomputed.dtype != saved.dtype:
-        return False
-    if recomputed.is_floating_point() or recomputed.is_complex():
-        same = (recomputed == saved) | (recomputed.isnan() & saved.isnan())
-        return bool(same.all())
-    return torch.equal(recomputed, saved)
 
 
 def _layout(inputs: list[torch.Tensor]) -> tuple[Any, ...]:
@@ -292,6 +88,7 @@ class SavedTensorWrapper(CheckpointWrapper):
     ) -> None:
         super().__init__(module, backend=backend, preserve_rng_state=preserve_rng_state)
         self.plan = plan
+        self._index = PlanIndex(plan)
         self._warned = False
         self._warned_differs = False
         # Inputs' layout -> "" where a checked call matched the plan, else why not.
@@ -371,7 +168,7 @@ class SavedTensorWrapper(CheckpointWrapper):
         inputs: list[torch.Tensor],
         checked: tuple[Any, ...] | None = None,
     ) -> Any:
-        run = _Run(self, inputs, checking=checked is not None)
+        run = SavedRun(self._index, self.module, inputs, checking=checked is not None)
         state = ForwardState.capture(self._backend_ref.get() or accel.get_backend(), True, inputs)
         try:
             with torch.autograd.graph.saved_tensors_hooks(run.pack, run.unpack):

@@ -44,6 +44,8 @@ _load_by_path("accel_two_ranks", Path(__file__).resolve().parent / "two_ranks.py
 _load_by_path(
     "_simulated_host", Path(__file__).resolve().parent / "checkpointing" / "_simulated_host.py"
 )
+# Rates with the saved-tensor grain's machinery free, for the grain's tests.
+_load_by_path("_grain_rates", Path(__file__).resolve().parent / "checkpointing" / "_grain_rates.py")
 # The benchmarks' model zoo, for the planner tests. The sdist ships no benchmarks/, and
 # its smoke tests do not use the zoo.
 _ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "_zoo.py"

@@ -29,6 +29,13 @@ __all__ = ["DeviceRates", "builtin_rates", "tensor_bytes"]
 #: nothing was measured: a PCIe 4.0 x16 link (an H100 or H200 measured 55 GB/s on 5.0).
 COPY_BYTES = 25e9
 
+#: The saved-tensor grain's cost per replayed call, where nothing was measured: what the
+#: host measured (``benchmarks/bench_rates.py``, 2026-11-28), an eager call's Python.
+REPLAY_SECONDS = 1e-4
+
+#: Packed mask bytes per second where nothing was measured: that host's.
+PACK_BYTES = 9.5e8
+
 
 @dataclass(frozen=True)
 class DeviceRates:
@@ -49,8 +56,16 @@ class DeviceRates:
             call of its region (it runs in Python in the forward and again in the
             recomputation).
         policy_kept_seconds: What it adds per kept call (caching the output).
-        hook_seconds: What a saved-tensor hook adds per saved tensor (the saved-tensor
-            grain's hooks, in the forward and again in backward).
+        hook_seconds: What the saved-tensor grain's hooks add per tensor autograd saves
+            in a planned module (they check it against the plan in the forward and
+            hand it back in backward), timed through the grain's own wrapper.
+        replay_seconds: What the grain adds per operator call a recipe runs again in
+            backward, beyond the call's own cost (its arguments rebuilt from the plan,
+            its outputs looked up). Rates written before this field was added read as
+            :data:`REPLAY_SECONDS`.
+        pack_bytes: A dropout mask's float bytes per second that the grain packs into
+            booleans and rebuilds in backward. Rates written before this field was
+            added read as :data:`PACK_BYTES`.
         operator_bytes: Bytes per second for named operators (``"aten.gelu.default"``),
             where one rate for all of them would be far off.
         to_host_bytes: Bytes per second a copy from the device to page-locked host
@@ -73,6 +88,8 @@ class DeviceRates:
     operator_bytes: Mapping[str, float] = field(default_factory=dict)
     to_host_bytes: float = COPY_BYTES
     to_device_bytes: float = COPY_BYTES
+    replay_seconds: float = REPLAY_SECONDS
+    pack_bytes: float = PACK_BYTES
 
     def __post_init__(self) -> None:
         for name, value in self._numbers():
@@ -82,7 +99,8 @@ class DeviceRates:
                     "finite number of at least 0. Pass rates calibrated on the device "
                     "(checkpointing.calibrate_rates) or the built-in ones."
                 )
-        for name in ("matmul_flops", "attention_flops", "convolution_flops", "memory_bytes"):
+        positive = ("matmul_flops", "attention_flops", "convolution_flops", "memory_bytes")
+        for name in (*positive, "pack_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(
                     f"checkpointing: DeviceRates.{name} is 0; a rate per second must be "
@@ -129,117 +147,103 @@ class DeviceRates:
             convolution_flops=self.convolution_flops * factor,
             memory_bytes=self.memory_bytes * factor,
             random_bytes=self.random_bytes * factor,
+            pack_bytes=self.pack_bytes * factor,
             operator_bytes={k: v * factor for k, v in self.operator_bytes.items()},
         )
 
 
 _TEXT_FIELDS = frozenset({"device_type", "source"})
 #: Fields added after the first rate files were written: those files read as defaults.
-_LATER_FIELDS = frozenset({"to_host_bytes", "to_device_bytes"})
+_LATER_FIELDS = frozenset({"to_host_bytes", "to_device_bytes", "replay_seconds", "pack_bytes"})
 
-# Measured on the project's CI host (x86-64 AMD EPYC, 2 cores, one intra-op thread,
+# Measured on this workplace's CPU machine (Intel Xeon, 2 cores, one intra-op thread,
 # torch 2.13.0), idle, 2026-11-28, by benchmarks/bench_rates.py: checkpointing.
 # calibrate_rates three times without a model and once per zoo family (benchmarks/
-# _zoo.py, 20 families at their benchmark sizes) with the family's model; each general
-# rate is the median over the 23 runs, each operator's the median over the families
-# that call it (benchmarks/results/rates-cpu-20261128.json). Rates of operators called
-# mostly on small tensors (_to_copy, index, arange, fill_) include their fixed cost
-# beyond call_seconds. See docs/memory-budget-planning.md, "Device rates".
+# _zoo.py, the 19 families that run here at their benchmark sizes) with the family's
+# model; each general rate is the median over the 22 runs, each operator's the median
+# over the families that call it (benchmarks/results/rates-cpu-machinery-20261128.json).
+# An operator's rate comes only from calls whose bytes matter (their bytes at the
+# default rate take at least one fixed cost). See docs/memory-budget-planning.md,
+# "Device rates".
 _CPU = DeviceRates(
     device_type="cpu",
     source="built-in",
-    matmul_flops=6.18e10,
-    attention_flops=4.62e10,
-    convolution_flops=5.48e10,
-    memory_bytes=1.62e10,
-    random_bytes=3.41e08,
-    call_seconds=3.29e-06,
-    policy_call_seconds=0.000162,
-    policy_kept_seconds=0.00014,
-    hook_seconds=2.35e-06,
+    matmul_flops=1.28e11,
+    attention_flops=7.75e10,
+    convolution_flops=1.04e11,
+    memory_bytes=2.82e10,
+    random_bytes=3.45e08,
+    call_seconds=2.69e-06,
+    policy_call_seconds=8.06e-05,
+    policy_kept_seconds=6.56e-05,
+    hook_seconds=7.62e-06,
     operator_bytes={
-        "aten._log_softmax.default": 5.12e09,
-        "aten._log_softmax_backward_data.default": 8.12e09,
-        "aten._safe_softmax.default": 1.45e09,
-        "aten._softmax.default": 5.12e09,
-        "aten._softmax_backward_data.default": 1.91e10,
-        "aten._to_copy.default": 7.29e08,
-        "aten.add.Tensor": 3.7e10,
-        "aten.add_.Tensor": 7.83e05,
-        "aten.arange.default": 9.17e07,
-        "aten.arange.start": 1.07e07,
-        "aten.bitwise_and.Tensor": 1.39e09,
-        "aten.cat.default": 1.66e10,
-        "aten.clone.default": 1.81e10,
-        "aten.copy_.default": 4.06e09,
-        "aten.cos.default": 3.27e09,
-        "aten.cumsum.default": 7.33e08,
-        "aten.div.Scalar": 6.06e09,
-        "aten.div.Tensor": 3.48e10,
-        "aten.div_.Scalar": 7.89e09,
-        "aten.embedding.default": 3.78e10,
-        "aten.embedding_dense_backward.default": 1.11e10,
-        "aten.empty_like.default": 4.14e09,
-        "aten.eq.Tensor": 1.31e09,
-        "aten.exp.default": 6.31e09,
-        "aten.fill_.Tensor": 4.64e06,
-        "aten.gather.default": 4.38e09,
-        "aten.gelu.default": 4.35e09,
-        "aten.gelu_backward.default": 4e10,
-        "aten.gt.Scalar": 1.09e10,
-        "aten.index.Tensor": 6.59e08,
-        "aten.index_put.default": 4.81e09,
-        "aten.le.Tensor": 1.38e09,
-        "aten.log.default": 5.53e08,
-        "aten.lt.Scalar": 9.18e09,
-        "aten.masked_fill_.Scalar": 4.12e08,
-        "aten.mean.dim": 3.65e09,
-        "aten.minimum.default": 7e10,
-        "aten.mul.Scalar": 3.18e10,
-        "aten.mul.Tensor": 4.16e10,
-        "aten.native_batch_norm.default": 2.11e09,
-        "aten.native_batch_norm_backward.default": 7.99e09,
-        "aten.native_group_norm.default": 1.73e10,
-        "aten.native_group_norm_backward.default": 1.84e10,
-        "aten.native_layer_norm.default": 9.59e09,
-        "aten.native_layer_norm_backward.default": 1.33e10,
-        "aten.ne.Scalar": 7.35e08,
-        "aten.neg.default": 2.69e10,
-        "aten.new_empty_strided.default": 1.54e10,
-        "aten.new_ones.default": 1.13e08,
-        "aten.new_zeros.default": 4.13e10,
-        "aten.nll_loss_backward.default": 6.02e10,
-        "aten.ones.default": 1.15e09,
-        "aten.ones_like.default": 6.03e10,
-        "aten.pow.Tensor_Scalar": 4e10,
-        "aten.relu.default": 3.8e10,
-        "aten.repeat.default": 1.51e08,
-        "aten.roll.default": 1.73e10,
-        "aten.scalar_tensor.default": 6.2e05,
-        "aten.scatter_add.default": 5.76e09,
-        "aten.select_backward.default": 1.72e10,
-        "aten.sigmoid.default": 3.86e09,
-        "aten.sigmoid_backward.default": 4.84e10,
-        "aten.silu.default": 3.95e09,
-        "aten.silu_backward.default": 4.05e10,
-        "aten.sin.default": 4e09,
-        "aten.slice_backward.default": 1.57e10,
-        "aten.softplus.default": 2.11e09,
-        "aten.softplus_backward.default": 7.72e09,
-        "aten.sort.default": 1.21e09,
-        "aten.stack.default": 1.25e10,
-        "aten.sub.Tensor": 4.88e10,
-        "aten.sum.default": 3.87e09,
-        "aten.sum.dim_IntList": 2.7e10,
-        "aten.tanh.default": 3.65e09,
-        "aten.tanh_backward.default": 5.39e10,
-        "aten.threshold_backward.default": 3.53e10,
-        "aten.tril.default": 2.22e09,
-        "aten.upsample_nearest2d.default": 2.04e10,
-        "aten.upsample_nearest2d_backward.default": 1.55e10,
-        "aten.where.self": 1.25e09,
-        "aten.zeros.default": 7.72e09,
+        "aten._log_softmax.default": 9.24e09,
+        "aten._log_softmax_backward_data.default": 1.66e10,
+        "aten._safe_softmax.default": 1.62e09,
+        "aten._softmax.default": 9.15e09,
+        "aten._softmax_backward_data.default": 2.21e10,
+        "aten._to_copy.default": 1.29e10,
+        "aten.add.Tensor": 2.94e10,
+        "aten.add_.Tensor": 5.84e10,
+        "aten.bitwise_and.Tensor": 2.03e09,
+        "aten.cat.default": 2.05e10,
+        "aten.clone.default": 2.63e10,
+        "aten.copy_.default": 7.12e09,
+        "aten.div.Scalar": 1.07e10,
+        "aten.div.Tensor": 2.65e10,
+        "aten.div_.Scalar": 1.03e10,
+        "aten.embedding.default": 4.37e10,
+        "aten.embedding_dense_backward.default": 1.21e10,
+        "aten.empty_like.default": 8.54e09,
+        "aten.exp.default": 1.65e10,
+        "aten.full_like.default": 4.79e10,
+        "aten.gather.default": 7.3e09,
+        "aten.gelu.default": 1.13e10,
+        "aten.gelu_backward.default": 7.11e10,
+        "aten.gt.Scalar": 7.75e09,
+        "aten.index.Tensor": 9.68e09,
+        "aten.index_put.default": 9.77e09,
+        "aten.lt.Scalar": 8.66e09,
+        "aten.mean.dim": 2.87e10,
+        "aten.minimum.default": 5.97e10,
+        "aten.mul.Scalar": 3.08e10,
+        "aten.mul.Tensor": 2.3e10,
+        "aten.native_batch_norm.default": 2.77e09,
+        "aten.native_batch_norm_backward.default": 1.06e10,
+        "aten.native_group_norm.default": 1.32e10,
+        "aten.native_group_norm_backward.default": 1.13e10,
+        "aten.native_layer_norm.default": 9.96e09,
+        "aten.native_layer_norm_backward.default": 1.39e10,
+        "aten.neg.default": 4.25e10,
+        "aten.new_empty_strided.default": 3.57e10,
+        "aten.new_zeros.default": 3.81e10,
+        "aten.nll_loss_backward.default": 5.15e10,
+        "aten.nll_loss_forward.default": 1.02e11,
+        "aten.ones_like.default": 5.59e10,
+        "aten.pow.Tensor_Scalar": 4.12e10,
+        "aten.relu.default": 1.76e10,
+        "aten.roll.default": 1.38e10,
+        "aten.scatter_add.default": 7.58e09,
+        "aten.select_backward.default": 1.04e10,
+        "aten.sigmoid.default": 8.25e09,
+        "aten.sigmoid_backward.default": 7.55e10,
+        "aten.silu.default": 8.47e09,
+        "aten.silu_backward.default": 6.97e10,
+        "aten.slice_backward.default": 1.72e10,
+        "aten.softplus.default": 3e09,
+        "aten.softplus_backward.default": 1.26e10,
+        "aten.stack.default": 1.15e10,
+        "aten.sub.Tensor": 6.03e10,
+        "aten.sum.default": 8.49e09,
+        "aten.sum.dim_IntList": 3.27e10,
+        "aten.tanh.default": 8.69e09,
+        "aten.tanh_backward.default": 5.73e10,
+        "aten.threshold_backward.default": 2.17e10,
+        "aten.where.self": 8.77e08,
     },
+    replay_seconds=0.000101,
+    pack_bytes=9.48e08,
 )
 
 # An accelerator with a host of its own: rates of a current data-centre GPU (dense

@@ -10,7 +10,8 @@ with the flop rate of its class (matmul, attention, convolution; an FFT at the m
 rate, the rates having no class of their own for it), its bytes (arguments read and new
 storages written) at its operator's own byte rate where the rates have one, else the
 default one, and a random draw's new bytes at the random-draw rate. A view, an alias or
-a metadata query moves nothing and costs the call seconds alone.
+a metadata query moves nothing and costs the call seconds alone; a ``prim`` query, which
+only the fake step dispatches, costs nothing.
 
 The pass is pure and deterministic: the same recorded step and rates give the same
 priced profile, bit for bit, summed in the order the step ran.
@@ -28,9 +29,15 @@ from ._work import ATTENTION, CONVOLUTION, FFT, MATMUL, OpWork
 
 __all__ = ["cost", "op_seconds"]
 
+#: Operators the fake step dispatches and the device's never does: a fake tensor answers
+#: ``tensor.device`` through ``prim.device``, a real one in C++ without a dispatch.
+_FAKE_ONLY = "prim."
+
 
 def op_seconds(work: OpWork, rates: DeviceRates) -> float:
     """Seconds one operator call takes on the device ``rates`` describe (module docstring)."""
+    if work.operator.startswith(_FAKE_ONLY):
+        return 0.0
     if not work.moves:
         return rates.call_seconds  # a view, an alias, a metadata query: nothing moves
     if work.kind in (MATMUL, FFT):

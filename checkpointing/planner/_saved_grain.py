@@ -44,7 +44,6 @@ __all__ = [
 ]
 
 _DEPTH = 8  # unsaved intermediates a recipe may recompute on its way to a saved tensor
-_PACK_PASSES = 5  # passes over a mask: scale, check, flags; rebuild
 
 
 @dataclass
@@ -145,7 +144,7 @@ class _Module:
             DROP,
             storages,
             sum(self.profile.storage_bytes[i] for i in storages),
-            sum(c.seconds + self.profile.rates.hook_seconds for c in calls),
+            sum(c.seconds + self.profile.rates.replay_seconds for c in calls),
             tuple(calls),
             frozenset(leaves),
             frozenset(inputs),
@@ -175,7 +174,7 @@ class _Module:
             itemsize = geometries[0].dtype.itemsize
             size = self.profile.storage_bytes[index]
             rates = self.profile.rates
-            seconds = _PACK_PASSES * size / rates.memory_bytes + 2 * rates.hook_seconds
+            seconds = size / rates.pack_bytes + 2 * rates.hook_seconds
             units.append(
                 SavedUnit(PACK, frozenset({index}), size - size // itemsize, seconds, label="mask")
             )

@@ -260,3 +260,24 @@ def test_in_place_operators_are_timed_on_fresh_arguments(monkeypatch: pytest.Mon
         used.clear()
         timed = _operator_rates._time_call(calls[name], torch.device("cpu"), backend, _QUICK)
         assert timed is not None and used == [timer], name
+
+
+def test_a_rate_comes_only_from_calls_whose_bytes_matter(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An in-place add timed on a scalar takes its fixed cost whatever its bytes: a rate
+    # taken from it (bytes over seconds) would price a large add thousands of times too
+    # high. Such a call gives no rate; a large one of the same operator does.
+    class Adds(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            small = x.sum().reshape(1)
+            small.add_(1.0)
+            return small + x.mean()
+
+    calls = _operator_rates.record_calls(Adds(), (torch.randn(4, 8, requires_grad=True),))
+    monkeypatch.setattr(_operator_rates, "_time_call", lambda *args: 1e-3)
+    backend = accel.get_backend("cpu")
+    sizes = dataclasses.replace(_QUICK, short_call=2.0)
+    rates = _operator_rates.model_operator_rates(calls, backend, 1e-6, 1e9, sizes)
+    assert "aten.add_.Tensor" not in rates
+    # At a default rate slow enough that its bytes outweigh the fixed cost, it has one.
+    slow = _operator_rates.model_operator_rates(calls, backend, 1e-6, 1.0, sizes)
+    assert "aten.add_.Tensor" in slow

@@ -203,3 +203,27 @@ def test_profile_step_records_for_the_backend_it_names() -> None:
     assert profile.device_type == accel.get_backend("cpu").device_type
     assert profile.plain_bytes > 0 and profile.forward
     assert bool(profile.backward) == (not profile.fallback)  # a real forward has none
+
+
+def test_a_prim_query_only_the_fake_step_dispatches_costs_nothing() -> None:
+    # A fake tensor answers ``tensor.device`` through ``prim.device``; a real one does not
+    # dispatch at all, so the device's step pays nothing for it (T5 made 5,322 of them).
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    real = torch.ones(3)
+    with Spy():
+        _ = real.device
+    assert seen == []
+    device = torch.ops.prim.device.default
+    work = op_work(device, (torch.ones(3),), {}, torch.device("cpu"), 0)
+    assert work.operator == "prim.device.default"
+    assert op_seconds(work, builtin_rates("cpu")) == 0.0

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from _grain_rates import SAVED_GRAIN_FREE  # loaded by tests/conftest.py
 from torch import nn
 
 import checkpointing
@@ -74,7 +75,8 @@ def test_the_finer_grains_survive_the_file(tmp_path: Path) -> None:
     case = zoo.build("custom")
     found = set()
     for budget in (0.8, 0.6, 0.5, 0.4):
-        plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, budget)
+        model = copy.deepcopy(case.model)
+        plan = plan_checkpointing(model, case.inputs, budget, rates=SAVED_GRAIN_FREE)
         found |= set(plan.decisions.values())
         plan.save(tmp_path / "plan.json")
         loaded = CheckpointPlan.load(tmp_path / "plan.json")

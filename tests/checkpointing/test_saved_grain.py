@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
+from _grain_rates import SAVED_GRAIN_FREE  # loaded by tests/conftest.py
 from torch import nn
 
 import accel
@@ -101,6 +103,49 @@ def test_every_greedy_prefix_is_bit_exact_with_dropout() -> None:
         _assert_same_step(model, copy.deepcopy(reference), x)
 
 
+class _Gated(nn.Module):
+    """``x + h * sigmoid(h)`` with ``h = gelu(linear(x))``: ``h`` is saved twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = nn.functional.gelu(self.linear(x))
+        return x + hidden * torch.sigmoid(hidden)
+
+
+def test_a_dropped_tensor_is_recomputed_once_per_backward() -> None:
+    # A storage saved at several positions (the GELU's output, read by the product's
+    # backward and by the sigmoid's), or computed on the way to another dropped one (the
+    # GELU again, in the sigmoid's recipe), is recomputed once: the rest wait in the
+    # run's cache until their last unpack.
+    torch.manual_seed(0)
+    reference = nn.Sequential(_Gated(), _Gated())
+    x = _inputs()
+    profile = cost(profile_step(reference, (x,), accel.get_backend("cpu")), builtin_rates("cpu"))
+    units = [unit for unit in saved_units(profile, "")[-1] if unit.action == DROP]
+    plan = saved_plan(profile, "", units)
+    shared = [i for i in plan.recipes if sum(p[1] == i for p in plan.positions.values()) > 1]
+    assert shared, "the GELU's output is dropped and saved at two positions"
+    runs: list[tuple[str, tuple[int | None, ...]]] = []
+    for steps in plan.recipes.values():
+        for step in steps:
+            func = step.func
+
+            def counted(*args: Any, _func: Any = func, _step: Any = step, **kwargs: Any) -> Any:
+                runs.append((_step.name, _step.outputs))
+                return _func(*args, **kwargs)
+
+            object.__setattr__(step, "func", counted)
+    model = SavedTensorWrapper(copy.deepcopy(reference), plan)
+    _step(model, x)  # the first call is checked: its recipes run in the forward
+    model.zero_grad(set_to_none=True)
+    runs.clear()
+    _assert_same_step(model, copy.deepcopy(reference), x)
+    assert runs and len(runs) == len(set(runs)), "no recorded call ran twice in one backward"
+
+
 def test_the_longest_prefix_holds_what_it_promises() -> None:
     reference, x = _model(), _inputs()
     backend = accel.get_backend("cpu")
@@ -123,7 +168,7 @@ def test_budget_plans_use_the_saved_grain_exactly_and_fit() -> None:
     reference, x = _model(), _inputs()
     model = copy.deepcopy(reference)
     plain = _live_bytes(reference, x)
-    plan = plan_checkpointing(model, (x,), memory_budget=0.7)
+    plan = plan_checkpointing(model, (x,), memory_budget=0.7, rates=SAVED_GRAIN_FREE)
     assert SAVED in plan.decisions.values()
     assert "saved:" in str(plan)
     keys = list(model.state_dict())
@@ -177,7 +222,7 @@ def test_a_transposed_mask_is_packed_with_its_strides() -> None:
 def test_a_changed_input_is_refused_with_generators_and_gradients_untouched() -> None:
     model, x = _model(), _inputs()
     # No selective grain: the saved grain is the one under test, in every layer.
-    plan = plan_checkpointing(model, (x,), memory_budget=0.6, selective=False)
+    plan = plan_checkpointing(model, (x,), 0.6, selective=False, rates=SAVED_GRAIN_FREE)
     assert set(plan.decisions.values()) == {SAVED}
     plan.apply(model)
     longer = _inputs(SEQ + 3)
@@ -193,7 +238,7 @@ def test_a_changed_input_is_refused_with_generators_and_gradients_untouched() ->
 def _saved_plan_everywhere() -> tuple[Model, Model, torch.Tensor]:
     reference, x = _model(), _inputs()
     model = copy.deepcopy(reference)
-    plan = plan_checkpointing(model, (x,), memory_budget=0.6, selective=False)
+    plan = plan_checkpointing(model, (x,), 0.6, selective=False, rates=SAVED_GRAIN_FREE)
     assert set(plan.decisions.values()) == {SAVED}
     plan.apply(model)
     return model, reference, x

@@ -4,7 +4,8 @@ It times a matrix product, a convolution, attention, a pointwise operator, a ran
 draw, an operator call's fixed cost, a copy to pinned host memory and back (off the
 host), and the pointwise, normalisation, reduction and
 copy operators of a reference step (:class:`_Reference`), each with :mod:`._stopwatch`,
-plus a selective policy's and a saved-tensor hook's costs (:mod:`._overheads`), and
+plus a selective policy's costs (:mod:`._overheads`) and the saved-tensor grain's
+(per saved tensor, per replayed call, per packed mask byte: :mod:`._saved_machinery`), and
 returns them as :class:`DeviceRates`. With ``model`` and ``example_inputs`` it also
 records the operator calls of one training step of that model on fake tensors
 (forward and backward, as the planner's profile does), and times each such operator at
@@ -34,7 +35,8 @@ from .._cost import DeviceRates, builtin_rates, tensor_bytes
 from .._default_rates import device_name, save_rates
 from . import _stopwatch
 from ._operator_rates import model_operator_rates, record_calls
-from ._overheads import hook_seconds, selective_overhead
+from ._overheads import selective_overhead
+from ._saved_machinery import saved_machinery
 from ._stopwatch import Sizes, seconds
 
 __all__ = ["calibrate_rates"]
@@ -110,7 +112,9 @@ def calibrate_rates(
             calls = record_calls(model, example_inputs)
     rates = _measure(device_backend, sizes)
     if calls is not None:
-        operators = model_operator_rates(calls, device_backend, rates.call_seconds, sizes)
+        operators = model_operator_rates(
+            calls, device_backend, rates.call_seconds, rates.memory_bytes, sizes
+        )
         rates = replace(rates, operator_bytes={**rates.operator_bytes, **operators})
     if save:
         save_rates(rates, device_backend)
@@ -181,7 +185,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
             torch.randn(4, 16, 12, 12, device=device),
         )
     calls = record_calls(reference, inputs)
-    operators = model_operator_rates(calls, backend, call, sizes)
+    operators = model_operator_rates(calls, backend, call, memory, sizes)
     # Without the operator grain (torch 2.4) no plan pays a selective policy: the base
     # rates' figures stay.
     per_call, per_kept = (
@@ -189,13 +193,12 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         if unavailable_reason() is not None
         else selective_overhead(backend, sizes)
     )
-    hook = hook_seconds(backend, sizes)
     to_host, to_device = _copy_rates(backend, sizes, base)
     where = (
         f"calibrated on {device_name(backend)}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%d')}"
     )
-    return replace(
+    measured = replace(
         base,
         source=where,
         matmul_flops=matmul,
@@ -206,11 +209,12 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         call_seconds=call,
         policy_call_seconds=per_call,
         policy_kept_seconds=per_kept,
-        hook_seconds=hook,
         operator_bytes=operators,
         to_host_bytes=to_host,
         to_device_bytes=to_device,
     )
+    # Last: the replayed calls' own work is priced at the rates measured above.
+    return replace(measured, **saved_machinery(backend, sizes, measured)._asdict())
 
 
 def _copy_rates(backend: Accelerator, sizes: Sizes, base: DeviceRates) -> tuple[float, float]:

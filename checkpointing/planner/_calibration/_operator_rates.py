@@ -168,14 +168,23 @@ def _instantiate(call: _Call, device: torch.device) -> tuple[tuple[Any, ...], di
 
 
 def model_operator_rates(
-    calls: list[_Call], backend: Accelerator, call_seconds: float, sizes: Sizes
+    calls: list[_Call],
+    backend: Accelerator,
+    call_seconds: float,
+    memory_bytes: float,
+    sizes: Sizes,
 ) -> dict[str, float]:
     """Bytes per second of each recorded operator, timed at its most common calls.
 
     Each operator's rate is its timed calls' bytes over their seconds (less the fixed
     cost per call), each call weighted by how often the step makes it, so that the
-    cost model gives those calls their measured total time. Operators whose calls all
-    fail on random values or take less than twice the fixed cost get no rate.
+    cost model gives those calls their measured total time. A call says nothing of a
+    rate where its time is the fixed cost's: it fails on random values, it takes less
+    than ``sizes.short_call`` fixed costs, or its bytes at the general rate
+    ``memory_bytes`` would (a rate taken from such calls holds their fixed cost
+    and, applied to a large call of the same operator, prices it thousands of times too
+    high: an in-place add timed on a scalar priced a 4 MiB one at a third of a second).
+    Operators with no such call get no rate.
     """
     by_operator: dict[str, Counter[str]] = {}
     example: dict[str, _Call] = {}
@@ -198,9 +207,10 @@ def model_operator_rates(
             moved = seconds = 0.0
             for key, count in counts.most_common(sizes.shapes):
                 timed = _time_call(example[key], device, backend, sizes)
-                if timed is None or timed < sizes.short_call * call_seconds:
-                    # It failed on real values, or it is as short as the fixed cost per
-                    # call, which then prices it: its bytes say nothing of a rate.
+                small = example[key].moved / memory_bytes < sizes.short_call * call_seconds
+                if timed is None or small or timed < sizes.short_call * call_seconds:
+                    # It failed on real values, or the fixed cost per call prices it:
+                    # its bytes say nothing of a rate.
                     continue
                 moved += count * example[key].moved
                 seconds += count * max(timed - call_seconds, timed / 10)

@@ -1,9 +1,9 @@
 """What checkpointing's own machinery costs on the device, timed for calibration.
 
 :func:`selective_overhead` times a selective checkpoint's policy (per operator call it
-sees, and per call it keeps) on a small chain of layers; :func:`hook_seconds` times a
-pair of saved-tensor hooks (what the saved-tensor grain adds per saved tensor). Both
-with :mod:`._stopwatch`, only for :func:`._calibrate.calibrate_rates`.
+sees, and per call it keeps) on a small chain of layers, with :mod:`._stopwatch`, only
+for :func:`._calibrate.calibrate_rates`. The saved-tensor grain's machinery is timed in
+:mod:`._saved_machinery`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from accel import Accelerator
 from ..._checkpoint import run_checkpoint
 from ..._non_reentrant import ContextFn
 from ..._selective import kept_calls_context_fn
-from ._stopwatch import SIZES, Sizes, best_times, seconds
+from ._stopwatch import SIZES, Sizes, best_times
 
-__all__ = ["hook_seconds", "selective_overhead"]
+__all__ = ["selective_overhead"]
 
 
 _LAYERS = 4  # layers of the chain selective_overhead times
@@ -98,24 +98,3 @@ def selective_overhead(backend: Accelerator, sizes: Sizes = SIZES) -> tuple[floa
     per_call = max(none - full, 0.0) / calls
     per_kept = max((kept - plain) / calls - per_call, 0.0)
     return per_call, per_kept
-
-
-def hook_seconds(backend: Accelerator, sizes: Sizes) -> float:
-    """Seconds a pair of saved-tensor hooks adds per saved tensor, at least 0.
-
-    Args:
-        backend: The backend the model runs on.
-        sizes: How many rounds to time.
-    """
-    x = torch.ones(4, 8, device=backend.device(), requires_grad=True)
-
-    def step() -> None:
-        y = x
-        for _ in range(50):
-            y = y * 1.0001
-        y.sum().backward()
-
-    plain = seconds(step, backend, sizes)
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-        hooked = seconds(step, backend, sizes)
-    return max(hooked - plain, 0.0) / 50

@@ -1,0 +1,127 @@
+"""What the saved-tensor grain's machinery costs on the device, timed on the grain itself.
+
+The grain (:class:`checkpointing._saved_wrapper.SavedTensorWrapper`) pays Python for
+every tensor autograd saves in a planned module (its pack and unpack hooks check the
+tensor against the plan), for every operator call a recipe runs again in backward
+(the call's arguments are rebuilt from the plan's templates, its outputs looked up),
+and for every dropout mask it packs (a check of the mask's values, the booleans, and
+the float tensor rebuilt in backward). A pair of bare hooks costs a fraction of that,
+so the cost model priced the grain far below what it measures (issue 40's breakdown:
+3 to 8 times on the zoo's transformers on the host). :func:`saved_machinery` times
+those three costs on a small chain of layers that is not any model the planner is
+judged on, through the grain's own code: the planner's profile and saved units make
+the plans, and the wrapper runs them.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from accel import Accelerator
+
+from ..._packed import Packed
+from ..._saved_plan import DROP, SavedPlan
+from ..._saved_wrapper import SavedTensorWrapper
+from .._cost import DeviceRates, tensor_bytes
+from .._pricing import cost
+from .._profile import profile_step
+from .._saved_grain import saved_plan, saved_units
+from ._stopwatch import Sizes, best_times, seconds
+
+__all__ = ["SavedMachinery", "saved_machinery"]
+
+_LAYERS = 4  # layers of the chain
+_SHAPE = (4, 64, 64)  # the chain's activations: small, so that the machinery shows
+_ROUNDS = 5  # times the stopwatch's rounds: the differences timed are a few hundred µs
+
+
+class SavedMachinery(NamedTuple):
+    """The saved-tensor grain's costs (:class:`DeviceRates` fields of the same names)."""
+
+    hook_seconds: float
+    replay_seconds: float
+    pack_bytes: float
+
+
+class _Chain(nn.Module):
+    """Layers whose saved tensors are one cheap call from kept ones: the grain's case."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(_LAYERS))
+        self.linears = nn.ModuleList(nn.Linear(width, width) for _ in range(_LAYERS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for norm, linear in zip(self.norms, self.linears, strict=True):
+            hidden = nn.functional.gelu(linear(norm(x)))
+            x = x + hidden * torch.sigmoid(hidden)
+        return x
+
+
+class _Outer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.chain: nn.Module = _Chain(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.chain(x)
+        return out
+
+
+def saved_machinery(backend: Accelerator, sizes: Sizes, rates: DeviceRates) -> SavedMachinery:
+    """Time the saved-tensor grain's machinery on ``backend``'s device.
+
+    * ``hook_seconds``: per saved tensor, the wrapper's hooks with nothing planned,
+      over the plain chain;
+    * ``replay_seconds``: per operator call a recipe runs again, what dropping every
+      droppable tensor adds beyond those hooks and beyond the calls' own cost at
+      ``rates``;
+    * ``pack_bytes``: a dropout mask's float bytes per second, packed and rebuilt.
+
+    Args:
+        backend: The backend the model runs on; its generators are left as they were.
+        sizes: How many rounds to time, and the mask's elements.
+        rates: The rates measured so far, which price the replayed calls' own work.
+
+    Returns:
+        The three costs, each at least 0 (``pack_bytes`` positive).
+    """
+    device = backend.device()
+    with backend.fork_rng():
+        model = _Outer(_SHAPE[-1]).to(device)
+        x = torch.randn(*_SHAPE, device=device, requires_grad=True)
+        profile = cost(profile_step(model, (x,), backend), rates)
+        record = profile.modules["chain"]
+        units = [u for u in (saved_units(profile, "chain") or [[]])[-1] if u.action == DROP]
+        dropping = saved_plan(profile, "chain", units)
+        hooks_only = SavedPlan(module="chain", positions={}, geometries={}, recipes={}, inputs={})
+        variants = [model]
+        for plan in (hooks_only, dropping):
+            variant = copy.deepcopy(model)
+            variant.chain = SavedTensorWrapper(variant.chain, plan, backend=backend)
+            variants.append(variant)
+
+        def run(module: nn.Module) -> None:
+            module(x).sum().backward()
+            x.grad = None
+            module.zero_grad(set_to_none=True)
+
+        for module in variants:  # warm-up: the wrapper checks its first call
+            run(module)
+        plain, hooked, dropped = best_times(
+            [lambda m=m: run(m) for m in variants],  # type: ignore[misc]
+            backend,
+            replace(sizes, rounds=_ROUNDS * sizes.rounds),  # small differences: more rounds
+        )
+        mask = nn.functional.dropout(torch.ones(sizes.elements, device=device), 0.1)
+        packed = seconds(lambda: Packed.of(mask).unpack(), backend, sizes)  # type: ignore[union-attr]
+    steps = [step for unit in units for step in unit.steps]
+    own = sum(step.seconds for step in steps)
+    hook = max(hooked - plain, 0.0) / max(len(record.packs), 1)
+    replay = max(dropped - hooked - own, 0.0) / max(len(steps), 1)
+    return SavedMachinery(hook, replay, tensor_bytes(mask) / packed)
