@@ -159,8 +159,8 @@ _LATER_FIELDS = frozenset({"to_host_bytes", "to_device_bytes", "replay_seconds",
 # Measured on this workplace's CPU machine (Intel Xeon, 2 cores, one intra-op thread,
 # torch 2.13.0), idle, 2026-11-28, by benchmarks/bench_rates.py: checkpointing.
 # calibrate_rates three times without a model and once per zoo family (benchmarks/
-# _zoo.py, the 19 families that run here at their benchmark sizes) with the family's
-# model; each general rate is the median over the 22 runs, each operator's the median
+# _zoo.py, the 18 families whose step it can record here, at their benchmark sizes) with
+# the family's model; each general rate is the median over the 21 runs, each operator's the median
 # over the families that call it (benchmarks/results/rates-cpu-machinery-20261128.json).
 # An operator's rate comes only from calls whose bytes matter (their bytes at the
 # default rate take at least one fixed cost). See docs/memory-budget-planning.md,
