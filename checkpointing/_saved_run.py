@@ -79,6 +79,7 @@ class SavedRun:
         checking: bool = False,
     ) -> None:
         self.plan = planned.plan
+        self.planned = planned
         self.checking = checking
         self.held: list[tuple[int, _Dropped]] = []  # a checked call's dropped tensors
         self.problem = ""  # why a checked call's saved tensors do not match the plan
@@ -91,9 +92,7 @@ class SavedRun:
         # here, as do dropped storages its recipe computed on the way, until their
         # last planned unpack (``pending``).
         self.cache: dict[int, torch.Tensor] = {}
-        self.plan_unpacks = planned.unpacks
-        self.flat = planned.flat
-        self.pending = dict(self.plan_unpacks)
+        self.pending = dict(planned.unpacks)
         self.devices: set[str] | None = None
         self.states: dict[Ref, torch.Tensor] = {}  # parameters and buffers a recipe reads
         for index, position in self.plan.inputs.items():
@@ -182,7 +181,7 @@ class SavedRun:
             first = str(error).splitlines()[0][:160] if str(error) else ""
             self.problem = f"recomputing its saved tensors failed ({type(error).__name__}: {first})"
         self.cache.clear()
-        self.pending = dict(self.plan_unpacks)
+        self.pending = dict(self.planned.unpacks)
         if not self.problem:
             for _, dropped in self.held:
                 dropped.kept = None
@@ -238,23 +237,21 @@ class SavedRun:
             }
         with torch.no_grad(), contextlib.ExitStack() as stack:
             for device in self.devices:
-                if autocast_enabled(device):
+                if _autocast_enabled(device):
                     stack.enter_context(torch.autocast(device_type=device, enabled=False))
             for step in steps:
-                args, kwargs = resolve_flat(self.flat[id(step)], lookup)
+                args, kwargs = resolve_flat(self.planned.flat[id(step)], lookup)
                 outputs = _tensors(step.func(*args, **kwargs))
                 for storage, output in zip(step.outputs, outputs, strict=False):
                     if storage is not None:
                         computed[storage] = output
-        for storage, tensor in computed.items():
-            if storage != index and self.pending.get(storage, 0) > 0:
+        for storage, tensor in computed.items():  # ``index`` too, if unpacked again
+            if self.pending.get(storage, 0) > 0:
                 self.cache.setdefault(storage, tensor)
-        if left > 0:
-            self.cache[index] = computed[index]
         return computed[index]
 
 
-def autocast_enabled(device_type: str) -> bool:
+def _autocast_enabled(device_type: str) -> bool:
     """Whether autocast is on for ``device_type`` (a recipe turns it off where it is)."""
     try:
         return bool(torch.is_autocast_enabled(device_type))

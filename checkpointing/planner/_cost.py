@@ -160,10 +160,10 @@ _LATER_FIELDS = frozenset({"to_host_bytes", "to_device_bytes", "replay_seconds",
 # torch 2.13.0), idle, 2026-11-28, by benchmarks/bench_rates.py: checkpointing.
 # calibrate_rates three times without a model and once per zoo family (benchmarks/
 # _zoo.py, the 18 families whose step it can record here, at their benchmark sizes) with
-# the family's model; each general rate is the median over the 21 runs, each operator's the median
-# over the families that call it (benchmarks/results/rates-cpu-machinery-20261128.json).
+# the family's model; each general rate is the median over the 21 runs, each operator's
+# the median over the families that call it (benchmarks/results/rates-cpu-machinery-20261128.json).
 # An operator's rate comes only from calls whose bytes matter (their bytes at the
-# default rate take at least one fixed cost). See docs/memory-budget-planning.md,
+# default rate take at least two fixed costs). See docs/memory-budget-planning.md,
 # "Device rates".
 _CPU = DeviceRates(
     device_type="cpu",

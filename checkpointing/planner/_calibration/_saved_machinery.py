@@ -63,16 +63,6 @@ class _Chain(nn.Module):
         return x
 
 
-class _Outer(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.chain: nn.Module = _Chain(width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.chain(x)
-        return out
-
-
 def saved_machinery(backend: Accelerator, sizes: Sizes, rates: DeviceRates) -> SavedMachinery:
     """Time the saved-tensor grain's machinery on ``backend``'s device.
 
@@ -93,17 +83,17 @@ def saved_machinery(backend: Accelerator, sizes: Sizes, rates: DeviceRates) -> S
     """
     device = backend.device()
     with backend.fork_rng():
-        model = _Outer(_SHAPE[-1]).to(device)
+        model = nn.Sequential(_Chain(_SHAPE[-1])).to(device)  # the chain is module "0"
         x = torch.randn(*_SHAPE, device=device, requires_grad=True)
         profile = cost(profile_step(model, (x,), backend), rates)
-        record = profile.modules["chain"]
-        units = [u for u in (saved_units(profile, "chain") or [[]])[-1] if u.action == DROP]
-        dropping = saved_plan(profile, "chain", units)
-        hooks_only = SavedPlan(module="chain", positions={}, geometries={}, recipes={}, inputs={})
+        record = profile.modules["0"]
+        units = [u for u in (saved_units(profile, "0") or [[]])[-1] if u.action == DROP]
+        dropping = saved_plan(profile, "0", units)
+        hooks_only = SavedPlan(module="0", positions={}, geometries={}, recipes={}, inputs={})
         variants = [model]
         for plan in (hooks_only, dropping):
             variant = copy.deepcopy(model)
-            variant.chain = SavedTensorWrapper(variant.chain, plan, backend=backend)
+            variant[0] = SavedTensorWrapper(variant[0], plan, backend=backend)
             variants.append(variant)
 
         def run(module: nn.Module) -> None:
