@@ -19,6 +19,11 @@ rounds; :func:`dominance` compares each rule with that plan and with every other
 of the run (the budget rows), and a family is dominated where any rule dominates any
 plan. The issue's target is 0 dominated families.
 
+*Budget order.* A looser budget's plan should never measure slower than a tighter one's
+by more than :data:`AGREEMENT`: :func:`budget_order` compares every pair of ``budget
+<fraction>`` rows. Where both budgets gave the same plan (the same ``plan_digest``), the
+two rows time one step twice, so their difference is the run's noise and no finding.
+
 *Targets.* At budget 0.5: memory at most :data:`TARGET_BYTES` of plain's (+2%), the step
 at most :data:`TARGET_TIME` of plain's (:data:`TARGET_TRANSFORMER` on the
 transformer-shaped families), exact; :func:`summary_at_half` gives the 0.5 row's verdict.
@@ -41,7 +46,9 @@ __all__ = [
     "TARGET_TIME",
     "TARGET_TRANSFORMER",
     "at_memory",
+    "budget_order",
     "count_dominated",
+    "count_looser_slower",
     "dominance",
     "is_plan",
     "noise",
@@ -158,6 +165,75 @@ def dominance(
         "rules": found,
         "dominated": any(rule["dominates"] for rule in found.values()),
         "margin": margin,
+    }
+
+
+def _budget(name: str) -> float | None:
+    """The fraction of a ``budget <fraction>`` row (not a repeat), else ``None``."""
+    head, _, fraction = name.partition(" ")
+    if head != "budget" or name.endswith(AGAIN):
+        return None
+    try:
+        return float(fraction)
+    except ValueError:
+        return None
+
+
+def budget_order(
+    rows: Mapping[str, Mapping[str, Any]], margin: float = AGREEMENT
+) -> dict[str, Any]:
+    """Whether a looser budget's plan measures slower than a tighter one's.
+
+    Args:
+        rows: Measured rows by variant name; the ``budget <fraction>`` ones are judged,
+            each with ``time_ratio`` and, where planned, ``plan_digest``.
+        margin: How much slower (step-time ratio) counts.
+
+    Returns:
+        ``slower``: each pair where the looser budget is slower by more than ``margin``
+        (``looser``, ``tighter``, both times, ``slower_by``, ``same_plan``);
+        ``looser_slower``: whether any such pair has two different plans; ``margin``.
+    """
+    budgets = sorted((fraction, name) for name in rows if (fraction := _budget(name)) is not None)
+    slower = []
+    for i, (_, tighter) in enumerate(budgets):
+        for _, looser in budgets[i + 1 :]:
+            by = rows[looser]["time_ratio"] - rows[tighter]["time_ratio"]
+            if by <= margin + _ROUNDING:
+                continue
+            digest = rows[looser].get("plan_digest")
+            slower.append(
+                {
+                    "looser": looser,
+                    "tighter": tighter,
+                    "looser_time_ratio": rows[looser]["time_ratio"],
+                    "tighter_time_ratio": rows[tighter]["time_ratio"],
+                    "slower_by": by,
+                    "same_plan": digest is not None and digest == rows[tighter].get("plan_digest"),
+                }
+            )
+    return {
+        "slower": slower,
+        "looser_slower": any(not pair["same_plan"] for pair in slower),
+        "margin": margin,
+    }
+
+
+def count_looser_slower(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Over a run's families: where a looser budget's plan is slower (target: none)."""
+    judged = [r for r in results if r.get("budget_order")]
+    names = [r["model"] for r in judged if r["budget_order"]["looser_slower"]]
+    noise_only = [
+        r["model"]
+        for r in judged
+        if r["budget_order"]["slower"] and not r["budget_order"]["looser_slower"]
+    ]
+    return {
+        "looser_slower": len(names),
+        "families": len(judged),
+        "names": names,
+        "same_plan_only": noise_only,
+        "target": 0,
     }
 
 

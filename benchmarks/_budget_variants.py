@@ -19,6 +19,8 @@ up, why (a budget the planner cannot reach, a compiler that fails on this host).
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -184,6 +186,9 @@ def variant(
         facts["_plan"] = plan
         facts["budget"] = fraction
         facts["plan"] = str(plan)
+        # One digest per plan, so that two budgets that gave the same plan are known.
+        decisions = json.dumps(plan.to_dict()["decisions"], sort_keys=True)
+        facts["plan_digest"] = hashlib.sha256(decisions.encode()).hexdigest()[:16]
         facts["estimated_time_ratio"] = plan.estimated_step_time_ratio
         facts["estimated_bytes_ratio"] = plan.estimated_bytes / plan.plain_bytes
         facts["profiled_plain_bytes"] = plan.plain_bytes

@@ -90,6 +90,11 @@ its step is faster by more than 0.03; each family's ``dominance`` lists, per rul
 plan at its memory and every plan of the run it dominates, and the file's ``dominance``
 counts the dominated families (target: 0). A table of them is printed at the end.
 
+Budget order (``_budget_checks.budget_order``): a looser budget's plan measured slower
+than a tighter one's by more than 0.03 is a finding, unless both budgets gave the same
+plan (``plan_digest``), where the difference is the run's noise; each family's
+``budget_order`` lists the pairs, the file's counts the families (target: 0).
+
 Targets (reported, not asserted): at budget 0.5, memory <= 0.5x (+2%), step time <=
 1.20x plain on every model and <= 1.15x on the transformer-shaped ones, and never
 slower than ``full``. After every family a summary line, and at the end a summary
@@ -140,7 +145,9 @@ from _budget_checks import (
     TARGET_TIME,
     TARGET_TRANSFORMER,
     at_memory,
+    budget_order,
     count_dominated,
+    count_looser_slower,
     dominance,
     noise,
     print_dominance,
@@ -314,6 +321,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         "variants": rows,
         "noise": run_noise,
         "dominance": dominance(rows),
+        "budget_order": budget_order(rows),
         # Each mixed plan's step against the recompute-only plan's at the same budget.
         "mixed_against_recompute": {
             str(b): rows[f"{OFFLOAD} {b}"]["time_ratio"] / rows[f"budget {b}"]["time_ratio"]
@@ -424,6 +432,7 @@ def main() -> None:
                 "load_average": os.getloadavg(),
                 "torch_version": torch.__version__,
                 "dominance": count_dominated(results),
+                "budget_order": count_looser_slower(results),
                 "models": results,
             },
         )
@@ -437,6 +446,14 @@ def main() -> None:
         path = write()
     print_summary(results)
     print_dominance(results)
+    order = count_looser_slower(results)
+    names = f" ({', '.join(order['names'])})" if order["names"] else ""
+    same = ", ".join(order["same_plan_only"]) or "none"
+    print(
+        f"looser budget slower than a tighter one by more than 0.03: {order['looser_slower']} "
+        f"of {order['families']} families{names}; target 0 (the same plan at both, so the "
+        f"run's noise: {same})"
+    )
     seconds = time.perf_counter() - started
     print(f"\n{seconds:.0f} s; wrote {path}")
     if args.plot:

@@ -183,3 +183,30 @@ def test_out_of_sample_refuses_a_family_without_a_run_and_another_file(tmp_path:
     other.write_text('{"benchmark": "budget", "models": []}')
     with pytest.raises(SystemExit, match="not a results file of benchmarks/bench_rates"):
         left_out(other, "gpt2")
+
+
+def test_a_looser_budget_slower_by_more_than_003_is_a_finding_unless_the_plan_is_the_same() -> None:
+    from _budget_checks import budget_order, count_looser_slower
+
+    rows = _rows()  # 0.75: 1.03x, 0.5: 1.09x, 0.25: 1.20x: in order
+    assert budget_order(rows)["slower"] == [] and not budget_order(rows)["looser_slower"]
+    rows["budget 0.75"] = {**_row(0.74, 1.13), "plan_digest": "a"}
+    rows["budget 0.5"] = {**_row(0.48, 1.09), "plan_digest": "b"}
+    rows["budget 0.5 again"] = _row(0.48, 1.50)  # a repeat: never judged
+    found = budget_order(rows)
+    assert [(p["looser"], p["tighter"]) for p in found["slower"]] == [("budget 0.75", "budget 0.5")]
+    assert found["slower"][0]["slower_by"] == pytest.approx(0.04)
+    assert found["looser_slower"]
+    rows["budget 0.5"]["plan_digest"] = "a"  # one plan timed twice: the run's noise
+    same = budget_order(rows)
+    assert same["slower"][0]["same_plan"] and not same["looser_slower"]
+    rows["budget 0.75"] = {**_row(0.74, 1.12), "plan_digest": "a"}  # 0.03: within
+    assert budget_order(rows)["slower"] == []
+    results = [
+        {"model": "lstm", "budget_order": same},
+        {"model": "gpt2", "budget_order": found},
+        {"model": "bert", "budget_order": budget_order(_rows())},
+    ]
+    count = count_looser_slower(results)
+    assert count["looser_slower"] == 1 and count["names"] == ["gpt2"]
+    assert count["same_plan_only"] == ["lstm"] and count["families"] == 3

@@ -101,6 +101,9 @@ class CheckpointPlan:
         inputs: The example inputs' shapes and dtypes, checked by :meth:`apply` when it
             is given inputs.
         calls: For each module called several times per step, how many times.
+        enclosed: For each planned call that makes calls of a module in ``calls``, those
+            calls by module (they run inside its region and are not counted; empty in
+            plans saved before it was recorded, whose inner calls are counted).
         device_peak_bytes: The device's peak allocation while planning
             (``max_memory_allocated``), above what was allocated before, or ``None``
             where the backend keeps no memory statistics.
@@ -125,6 +128,7 @@ class CheckpointPlan:
     structure: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
     calls: dict[str, int] = field(default_factory=dict)
+    enclosed: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     device_bytes: int | None = None
     device_peak_bytes: int | None = None
     note: str = ""
@@ -202,7 +206,7 @@ class CheckpointPlan:
                 ``model`` lacks a module the plan names, or it is already wrapped.
         """
         self.check(model, example_inputs)
-        apply_decisions(self.choices, self.calls, model, preserve_rng_state, backend)
+        apply_decisions(self.choices, self.calls, model, preserve_rng_state, backend, self.enclosed)
         return list(self.choices)
 
     def measure(
@@ -294,6 +298,10 @@ class CheckpointPlan:
             "structure_sha256": _digest(self.structure),
             "inputs": list(self.inputs),
             "calls": dict(self.calls),
+            "enclosed": {
+                name: {module: list(calls) for module, calls in inner.items()}
+                for name, inner in self.enclosed.items()
+            },
             "note": self.note,
             "considered": [list(c.__dict__.values()) for c in self.considered],
             "margins": dict(self.margins),
@@ -329,12 +337,17 @@ class CheckpointPlan:
                 structure=tuple(value["structure"]),
                 inputs=tuple(value["inputs"]),
                 calls={k: int(v) for k, v in value["calls"].items()},
+                # Absent from plans saved before enclosed calls were recorded.
+                enclosed={
+                    str(name): {str(m): tuple(int(c) for c in calls) for m, calls in inner.items()}
+                    for name, inner in value.get("enclosed", {}).items()
+                },
                 note=str(value["note"]),
                 considered=tuple(ConsideredPlan(*c) for c in value["considered"]),
                 # Absent from plans saved before the search weighed margins.
                 margins={k: float(v) for k, v in value.get("margins", {}).items()},
             )
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise PlanFormatError(
                 f"checkpointing: this saved plan is incomplete or damaged ({error!r} is "
                 "missing or of the wrong type). Save the plan again with CheckpointPlan.save."

@@ -17,6 +17,7 @@ from .._decisions import FULL
 from .._per_call import PerCallWrapper, count_calls_per_forward
 from .._root import checkpoint_root, root_checkpointed
 from .._wrapper import CheckpointWrapper
+from ._enclosed import Enclosed, parse_call
 from ._grains import Decision, Grain, coarseness_order, grain_named
 
 __all__ = ["apply_decisions"]
@@ -75,6 +76,7 @@ def apply_decisions(
     model: nn.Module,
     preserve_rng_state: bool,
     backend: Accelerator | None,
+    enclosed: Enclosed | None = None,
 ) -> None:
     """Wrap, in place, the module calls ``decisions`` names (see ``CheckpointPlan.apply``).
 
@@ -84,12 +86,16 @@ def apply_decisions(
         model: The model, checked against the plan already.
         preserve_rng_state: Replay the generator states in recomputation.
         backend: The backend; ``None`` means :func:`accel.get_backend` at each call.
+        enclosed: For each planned call, the calls of per-call modules made inside it
+            (``CheckpointPlan.enclosed``); those are neither counted nor wrapped.
     """
+    enclosed = enclosed or {}
     checked = {name: _checked(name, decision) for name, decision in decisions.items()}
     grouped: dict[str, dict[int, str]] = {}
     for name in decisions:
-        module, _, call = name.rpartition("@") if "@" in name else (name, "", "0")
-        grouped.setdefault(module, {})[int(call)] = name
+        module, call = parse_call(name)
+        grouped.setdefault(module, {})[call] = name
+    inside = _inside(enclosed, decisions, calls)
     targets: list[tuple[str, nn.Module, str, nn.Module]] = []
     for module in grouped:
         if not module:
@@ -106,13 +112,46 @@ def apply_decisions(
             child, payload, name=name, preserve_rng_state=preserve_rng_state, backend=backend
         )
 
+    per_call: dict[str, tuple[PerCallWrapper, list[int]]] = {}
+    regions = {parse_call(name)[0] for name in enclosed}
     for module, parent, leaf, child in targets:
         names = grouped[module]
-        if module in calls:
-            variants = [
-                wrapped(names[k], child) if k in names else None for k in range(calls[module])
-            ]
-            setattr(parent, leaf, PerCallWrapper(child, variants))
+        if module in calls or module in regions:
+            counted = [k for k in range(calls.get(module, 1)) if k not in inside.get(module, ())]
+            variants = [wrapped(names[k], child) if k in names else None for k in counted]
+            wrapper = PerCallWrapper(child, variants)
+            per_call[module] = wrapper, counted
+            setattr(parent, leaf, wrapper)
             count_calls_per_forward(model)
         else:
             setattr(parent, leaf, wrapped(names[0], child))
+    for name, inner in enclosed.items():
+        module, call = parse_call(name)
+        outer, counted = per_call[module]
+        outer.enclose(counted.index(call), [per_call[m][0] for m in inner])
+
+
+def _inside(
+    enclosed: Enclosed, decisions: dict[str, Decision], calls: dict[str, int]
+) -> dict[str, set[int]]:
+    """The enclosed calls by module; ``ValueError`` where ``enclosed`` disagrees with the plan."""
+    inside: dict[str, set[int]] = {}
+    for name, inner in enclosed.items():
+        for module, numbers in inner.items():
+            inside.setdefault(module, set()).update(numbers)
+            known = module in calls and all(0 <= k < calls[module] for k in numbers)
+            if name not in decisions or not known:
+                raise ValueError(
+                    f"checkpointing: this plan says {name!r} encloses calls "
+                    f"{list(numbers)} of {module!r}, which its decisions and call counts "
+                    "do not have. Plan again with plan_checkpointing, or load the plan "
+                    "file as CheckpointPlan.save wrote it."
+                )
+    for name in decisions:
+        module, call = parse_call(name)
+        if call in inside.get(module, ()):
+            raise ValueError(
+                f"checkpointing: this plan wraps {name!r} and also runs it inside another "
+                "planned call, which a plan never does. Plan again with plan_checkpointing."
+            )
+    return inside

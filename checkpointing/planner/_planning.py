@@ -41,6 +41,7 @@ from ._agree import agreed
 from ._compiled import compiled_forms, compiled_note
 from ._cost import DeviceRates
 from ._default_rates import host_rates
+from ._enclosed import enclosed_calls
 from ._grains import Decision, candidates, grain_named, margins
 from ._grains._offloaded import offload_note, over_cap, without_offload
 from ._offload_settings import OffloadRequest, offload_settings
@@ -372,6 +373,7 @@ def _build(
         for name, record in profile.modules.items()
         if record.calls > 1 and name in chosen
     }
+    enclosed = enclosed_calls(profile.modules, chosen, calls)
     return CheckpointPlan(
         considered=considered,
         choices={name: _decision(profile, name, option, forms) for name, option in chosen.items()},
@@ -383,6 +385,7 @@ def _build(
         step_seconds=profile.step_time,
         rates=profile.rates,
         calls=calls,
+        enclosed=enclosed,
         note=note,
         margins=margins(),
     )

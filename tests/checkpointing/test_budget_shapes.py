@@ -179,6 +179,70 @@ def test_a_module_called_twice_is_planned_call_by_call() -> None:
         assert mine.grad is not None and torch.equal(mine.grad, theirs.grad)
 
 
+class _Twice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Dropout(0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.inner(x))
+
+
+class Looped(nn.Module):
+    """A block run twice per forward whose inner layer runs twice per block call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _Twice()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(self.block(x))
+
+
+def _looped_plan(enclosed: dict[str, dict[str, tuple[int, ...]]]) -> CheckpointPlan:
+    """The first block call checkpointed whole, the inner layer's last call alone."""
+    plan = plan_checkpointing(_built(Looped), (_x(),), 0.7)
+    choices = {"block@0": Decision(FULL, None), "block.inner@3": Decision(FULL, None)}
+    calls = {"block": 2, "block.inner": 4}
+    return CheckpointPlan(
+        **{**plan.__dict__, "choices": choices, "calls": calls, "enclosed": enclosed}
+    )
+
+
+def test_calls_inside_a_planned_call_are_neither_counted_nor_wrapped() -> None:
+    plan = _looped_plan({"block@0": {"block.inner": (0, 1)}})
+    assert CheckpointPlan.from_dict(plan.to_dict()).enclosed == plan.enclosed
+    model = _built(Looped)
+    planned = copy.deepcopy(model)
+    plan.apply(planned)
+    block = planned.block
+    assert isinstance(block, checkpointing.PerCallWrapper)
+    inner = block.module.inner
+    assert isinstance(inner, checkpointing.PerCallWrapper)
+    assert len(inner.variants) == 2 and inner.variants[0] is None  # calls 2 and 3
+    assert inner.variants[1] is not None
+    _assert_same_step(planned, model, (_x(),))
+    assert inner.__dict__["_count"] == 2 and inner.__dict__["_inside"] == 0
+    assert block.__dict__["_count"] == 2
+
+
+@pytest.mark.parametrize(
+    ("enclosed", "match"),
+    [
+        ({"block@0": {"block.inner": (5,)}}, r"encloses calls \[5\] of 'block.inner'"),
+        ({"block@1": {"block.inner": (2,)}}, r"'block@1' encloses"),
+        ({"block@0": {"block.inner": (3,)}}, r"wraps 'block.inner@3' and also runs it inside"),
+    ],
+)
+def test_enclosed_calls_the_plan_does_not_have_are_refused_before_wrapping(
+    enclosed: dict[str, dict[str, tuple[int, ...]]], match: str
+) -> None:
+    model = _built(Looped)
+    with pytest.raises(ValueError, match=match):
+        _looped_plan(enclosed).apply(model)
+    assert not any(isinstance(m, checkpointing.PerCallWrapper) for m in model.modules())
+
+
 class Offset(nn.Module):
     """A model whose only operator saves nothing for backward."""
 
