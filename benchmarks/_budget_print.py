@@ -70,12 +70,14 @@ def print_case(result: dict[str, Any]) -> None:
         f"{'n/a (a budget has no plan)' if result['fits'] is None else result['fits']}; "
         f"exact: {result['exact']}"
     )
-    compiled = result.get("compiled_plan")
-    if compiled is not None:
+    for key, budget in (("compiled_plan", 0.5), ("compiled_plan_quarter", 0.25)):
+        compiled = result.get(key)
+        if compiled is None:
+            continue
         within = "within" if compiled["within_estimate"] else "OVER"
         print(
-            f"compiled plan 0.5: {compiled['bytes_ratio']:.3f}x memory against its estimate "
-            f"{compiled['estimate']:.3f}x + {MARGIN} ({within}), "
+            f"compiled plan {budget}: {compiled['bytes_ratio']:.3f}x memory against its "
+            f"estimate {compiled['estimate']:.3f}x + {MARGIN} ({within}), "
             f"graph breaks added {compiled['graph_breaks_added']}, exact "
             f"{'bit-equal' if compiled['bit_equal'] else compiled['grad_difference']}: "
             f"{'met' if compiled['met'] else 'NOT met'}"
@@ -109,9 +111,11 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         )
     headers = ("model", "memory", "measured", "estimate", "|est - meas|", "noise")
     print_table((*headers, "time target", "within budget +2%", "exact", "target"), rows)
-    judged = [(r["model"], r["compiled_plan"]) for r in results if r.get("compiled_plan")]
-    if judged:
-        print("\ncompiled plan 0.5 (inductor) against the compiled plain model")
+    for key, budget in (("compiled_plan", 0.5), ("compiled_plan_quarter", 0.25)):
+        judged = [(r["model"], r[key]) for r in results if r.get(key)]
+        if not judged:
+            continue
+        print(f"\ncompiled plan {budget} (inductor) against the compiled plain model")
         print_table(
             ("model", "memory", "estimate + 2%", "breaks added", "exact", "target"),
             [

@@ -10,7 +10,8 @@
   torchtitan's operator rule (:func:`torchtitan_rule`), both with torch's selective
   checkpoint API (torch 2.5 and later);
 * the compiled rows (:data:`COMPILED`): ``torch.compile`` of plain, of plain with torch's
-  ``activation_memory_budget`` (:func:`inductor_with_budget`), and of the 0.5 plan.
+  ``activation_memory_budget`` (:func:`inductor_with_budget`), and of the 0.5 and 0.25
+  plans.
 
 :func:`build_variants` sets up a list of them and records, for each that cannot be set
 up, why (a budget the planner cannot reach, a compiler that fails on this host).
@@ -57,7 +58,12 @@ __all__ = [
 #: The mixed plans (keep, recompute or offload), as ``"budget+offload 0.5"``.
 OFFLOAD = "budget+offload"
 TORCH_VARIANTS = ("torch per-block", "torch selective", "torchtitan op rule")
-COMPILED = ("compiled", "compiled, torch budget 0.5", "compiled, plan 0.5")
+COMPILED = (
+    "compiled",
+    "compiled, torch budget 0.5",
+    "compiled, plan 0.5",
+    "compiled, plan 0.25",
+)
 
 
 class TorchCheckpoint(nn.Module):
@@ -170,7 +176,7 @@ def variant(
     facts: dict[str, Any] = {}
     if plan is not None:
         plan.apply(model, backend=backend)
-    elif name.startswith(("budget", "plan at ", OFFLOAD)) or name == "compiled, plan 0.5":
+    elif name.startswith(("budget", "plan at ", OFFLOAD, "compiled, plan ")):
         fraction = float(name.split()[-1]) if budget is None else budget
         started = time.perf_counter()
         plan = plan_checkpointing(
