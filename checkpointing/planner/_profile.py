@@ -320,11 +320,28 @@ def _run(
 
 
 def call_with_state(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
+    """``model`` called on ``inputs`` with ``state`` in place of its own tensors.
+
+    Each module's tensors go in under its first path only. A module registered at two
+    paths (one layer in a stage and called again after it) would otherwise be swapped
+    twice, the second swap saving the first one's fake tensor as the module's own, and
+    the model would keep fakes after the call. A tensor shared by two modules (a head
+    tied to its embedding) goes in under both, as ``state`` names it.
+    """
     from torch.func import functional_call
 
+    once = {
+        name
+        for prefix, module in model.named_modules()
+        for name, _ in (
+            *module.named_parameters(prefix=prefix, recurse=False),
+            *module.named_buffers(prefix=prefix, recurse=False),
+        )
+    }
+    state = {name: tensor for name, tensor in state.items() if name in once}
     if isinstance(inputs, dict):
-        return functional_call(model, state, (), inputs, tie_weights=True, strict=False)
-    return functional_call(model, state, tuple(inputs), tie_weights=True, strict=False)
+        return functional_call(model, state, (), inputs, tie_weights=False, strict=False)
+    return functional_call(model, state, tuple(inputs), tie_weights=False, strict=False)
 
 
 def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> RecordedStep:

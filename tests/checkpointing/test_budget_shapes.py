@@ -226,6 +226,38 @@ def test_calls_inside_a_planned_call_are_neither_counted_nor_wrapped() -> None:
     assert block.__dict__["_count"] == 2
 
 
+class Reused(nn.Module):
+    """One layer called inside a stage (called once) and again after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Dropout(0.1))
+        self.stage = nn.Sequential(nn.Linear(16, 16), self.layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(self.stage(x))
+
+
+def test_a_module_called_once_that_encloses_per_call_calls_marks_them() -> None:
+    model = _built(Reused)
+    profiled = plan_checkpointing(model, (_x(),), 0.7)
+    plan = CheckpointPlan(
+        **{
+            **profiled.__dict__,
+            "choices": {"stage": Decision(FULL, None), "layer@1": Decision(FULL, None)},
+            "calls": {"layer": 2},
+            "enclosed": {"stage": {"layer": (0,)}},
+        }
+    )
+    planned = copy.deepcopy(model)
+    plan.apply(planned)
+    stage, layer = planned.stage, planned.layer
+    assert isinstance(stage, checkpointing.PerCallWrapper) and len(stage.variants) == 1
+    assert isinstance(layer, checkpointing.PerCallWrapper) and len(layer.variants) == 1
+    _assert_same_step(planned, model, (_x(),))
+    assert layer.__dict__["_count"] == 1 and stage.__dict__["_count"] == 1
+
+
 @pytest.mark.parametrize(
     ("enclosed", "match"),
     [

@@ -246,6 +246,39 @@ def test_the_real_tensor_profile_sets_the_models_attributes_back() -> None:
     assert model.last_mask is None
 
 
+class _TwoPaths(nn.Module):
+    """One layer registered at two paths (inside a stage and on the model) and a head
+    tied to the embedding: each swapped in once, each tied tensor under both names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(SEQ, WIDTH)
+        self.layer = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh())
+        self.stage = nn.Sequential(nn.Linear(WIDTH, WIDTH), self.layer)
+        self.head = nn.Linear(WIDTH, SEQ, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layer(self.stage(self.embed(ids))))
+
+
+def test_a_module_at_two_paths_and_a_tied_weight_are_not_left_fake() -> None:
+    ids = torch.randint(SEQ, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = _TwoPaths().train()
+    reference = copy.deepcopy(model)
+    plan = plan_checkpointing(model, (ids,), memory_budget=0.8)
+    tensors = [*model.parameters(), *model.buffers()]
+    assert not any(isinstance(t, FakeTensor) or isinstance(t.grad, FakeTensor) for t in tensors)
+    assert model.head.weight is model.embed.weight
+    plan.apply(model)
+    for net in (model, reference):
+        torch.manual_seed(7)
+        net(ids).square().mean().backward()
+    pairs = zip(model.parameters(), reference.parameters(), strict=True)
+    assert all(torch.equal(a.grad, b.grad) for a, b in pairs)  # type: ignore[arg-type]
+
+
 class _Routed(nn.Module):
     """Picks rows by their values (``nonzero``): a shape fake tensors cannot know."""
 
