@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from _budget_checks import TARGET_BYTES, is_plan
-from _compiled_plan import MARGIN
+from _compiled_plan import MARGIN, VERDICTS
 from _report import print_table
 
 __all__ = ["draw", "print_case", "print_summary"]
@@ -70,7 +70,7 @@ def print_case(result: dict[str, Any]) -> None:
         f"{'n/a (a budget has no plan)' if result['fits'] is None else result['fits']}; "
         f"exact: {result['exact']}"
     )
-    for key, budget in (("compiled_plan", 0.5), ("compiled_plan_quarter", 0.25)):
+    for key, _, budget in VERDICTS:
         compiled = result.get(key)
         if compiled is None:
             continue
@@ -111,7 +111,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
         )
     headers = ("model", "memory", "measured", "estimate", "|est - meas|", "noise")
     print_table((*headers, "time target", "within budget +2%", "exact", "target"), rows)
-    for key, budget in (("compiled_plan", 0.5), ("compiled_plan_quarter", 0.25)):
+    for key, _, budget in VERDICTS:
         judged = [(r["model"], r[key]) for r in results if r.get(key)]
         if not judged:
             continue

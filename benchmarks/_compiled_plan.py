@@ -20,14 +20,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["COMPILED_TOLERANCE", "MARGIN", "PLAN", "PLANS", "counted_graph_breaks", "judge"]
+__all__ = ["COMPILED_TOLERANCE", "MARGIN", "PLAN", "VERDICTS", "counted_graph_breaks", "judge"]
 
 MARGIN = 0.02
 COMPILED_TOLERANCE = 1e-4
 PLAN = "compiled, plan 0.5"
-#: Every compiled plan judged: at 0.25 more module calls are checkpointed whole, some
-#: around calls planned one by one (ALBERT's layer group around its activation).
-PLANS = (PLAN, "compiled, plan 0.25")
+#: Every compiled plan judged, as (the JSON key of its verdict, its variant, its budget):
+#: at 0.25 more module calls are checkpointed whole, some around calls planned one by
+#: one (ALBERT's layer group around its activation).
+VERDICTS = (
+    ("compiled_plan", PLAN, 0.5),
+    ("compiled_plan_quarter", "compiled, plan 0.25", 0.25),
+)
 
 
 def counted_graph_breaks(run: Callable[[], Any]) -> tuple[Any, int]:

@@ -157,7 +157,7 @@ from _budget_checks import (
 from _budget_measure import GPU_TOLERANCE, difference, gradients, graph_saved_bytes, step
 from _budget_print import draw, print_case, print_summary
 from _budget_variants import COMPILED, OFFLOAD, TORCH_VARIANTS, build_variants, torchtitan_rule
-from _compiled_plan import PLANS, judge
+from _compiled_plan import VERDICTS, judge
 from _rates_runs import left_out
 from _report import write_results
 from _zoo import FAMILIES, SIZES, TRANSFORMERS, ZooModel, build, gpu_size, unusable
@@ -360,8 +360,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         if any(f"budget {b}" in unavailable for b in BUDGETS)
         else all(rows[f"budget {b}"]["bytes_ratio"] <= b + 0.02 for b in BUDGETS),
         "exact": all(row["exact"] for row in rows.values() if row["exact"] is not None),
-        "compiled_plan": judge(rows),
-        "compiled_plan_quarter": judge(rows, PLANS[1]),
+        **{key: judge(rows, plan) for key, plan, _ in VERDICTS},
     }
 
 

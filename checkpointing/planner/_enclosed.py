@@ -15,19 +15,11 @@ from collections.abc import Iterable, Mapping
 
 from ._records import ModuleProfile
 
-__all__ = ["Enclosed", "enclosed_calls", "parse_call"]
+__all__ = ["Enclosed", "enclosed_calls"]
 
 #: For each planned call that encloses calls of per-call modules: each such module and
 #: the calls of it (their numbers in the step) made inside.
 Enclosed = dict[str, dict[str, tuple[int, ...]]]
-
-
-def parse_call(name: str) -> tuple[str, int]:
-    """A plan's call name split into the module's name and the call (``"a@2"``: a, 2)."""
-    if "@" not in name:
-        return name, 0
-    module, _, call = name.rpartition("@")
-    return module, int(call)
 
 
 def enclosed_calls(

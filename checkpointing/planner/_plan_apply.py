@@ -17,8 +17,9 @@ from .._decisions import FULL
 from .._per_call import PerCallWrapper, count_calls_per_forward
 from .._root import checkpoint_root, root_checkpointed
 from .._wrapper import CheckpointWrapper
-from ._enclosed import Enclosed, parse_call
+from ._enclosed import Enclosed
 from ._grains import Decision, Grain, coarseness_order, grain_named
+from ._records import parse_call
 
 __all__ = ["apply_decisions"]
 

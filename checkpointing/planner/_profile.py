@@ -244,12 +244,23 @@ class _Calls:
 
 
 def fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer as a fake tensor (shared ones shared), by name."""
+    """Every parameter and buffer as a fake tensor (shared ones shared), by name.
+
+    Each module's tensors are named at its first path only. A module registered at two
+    paths (one layer in a stage and called again after it) would otherwise be swapped
+    twice by :func:`call_with_state`, the second swap saving the first one's fake tensor
+    as the module's own, and the model would keep fakes after the call. A tensor shared
+    by two modules (a head tied to its embedding) is named under both.
+    """
     fakes: dict[int, torch.Tensor] = {}
     state: dict[str, torch.Tensor] = {}
     named = [
-        *model.named_parameters(remove_duplicate=False),
-        *model.named_buffers(remove_duplicate=False),
+        named
+        for prefix, module in model.named_modules()
+        for named in (
+            *module.named_parameters(prefix=prefix, recurse=False),
+            *module.named_buffers(prefix=prefix, recurse=False),
+        )
     ]
     for name, tensor in named:
         if id(tensor) not in fakes:
@@ -320,25 +331,13 @@ def _run(
 
 
 def call_with_state(model: nn.Module, state: dict[str, torch.Tensor], inputs: Any) -> Any:
-    """``model`` called on ``inputs`` with ``state`` in place of its own tensors.
+    """``model`` called on ``inputs`` with :func:`fake_state`'s tensors in place of its own.
 
-    Each module's tensors go in under its first path only. A module registered at two
-    paths (one layer in a stage and called again after it) would otherwise be swapped
-    twice, the second swap saving the first one's fake tensor as the module's own, and
-    the model would keep fakes after the call. A tensor shared by two modules (a head
-    tied to its embedding) goes in under both, as ``state`` names it.
+    Every tied name is in ``state`` already, so nothing is tied again: a second tie would
+    swap a module reached at two paths twice.
     """
     from torch.func import functional_call
 
-    once = {
-        name
-        for prefix, module in model.named_modules()
-        for name, _ in (
-            *module.named_parameters(prefix=prefix, recurse=False),
-            *module.named_buffers(prefix=prefix, recurse=False),
-        )
-    }
-    state = {name: tensor for name, tensor in state.items() if name in once}
     if isinstance(inputs, dict):
         return functional_call(model, state, (), inputs, tie_weights=False, strict=False)
     return functional_call(model, state, tuple(inputs), tie_weights=False, strict=False)

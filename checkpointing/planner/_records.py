@@ -17,7 +17,15 @@ from .._replay import Geometry
 from ._cost import DeviceRates
 from ._work import OpWork
 
-__all__ = ["ModuleProfile", "OpCall", "RecordedStep", "StepProfile", "call_name", "module_name"]
+__all__ = [
+    "ModuleProfile",
+    "OpCall",
+    "RecordedStep",
+    "StepProfile",
+    "call_name",
+    "module_name",
+    "parse_call",
+]
 
 
 @dataclass
@@ -143,6 +151,14 @@ def call_name(module: str, call: int, calls: int) -> str:
     return module if calls == 1 else f"{module}@{call}"
 
 
+def parse_call(name: str) -> tuple[str, int]:
+    """A record name split into the module's name and the call (``"a@2"``: a, 2)."""
+    if "@" not in name:
+        return name, 0
+    module, _, call = name.rpartition("@")
+    return module, int(call)
+
+
 def module_name(name: str) -> str:
     """The qualified module name of a record name (``"layer@2"`` -> ``"layer"``)."""
-    return name.rpartition("@")[0] if "@" in name else name
+    return parse_call(name)[0]
