@@ -66,6 +66,12 @@ Measures:
   table's ``measured`` column is this ratio; its ``estimate`` column, for the budget
   variants, is the plan's ``estimated_step_time_ratio`` (what the planner expected
   before running it), and ``|est - meas|`` their difference;
+* minor page faults per step (``page_faults_per_step``, the median over the rounds). By
+  default glibc's ``malloc`` keeps freed memory for reuse (``--allocator held``,
+  ``_allocator.hold_freed_memory``): with its own thresholds, which of a step's blocks
+  are faulted in again varies from step to step, and identical copies of one model
+  timed in the same rounds differed by up to 0.18 of a step here. The JSON's
+  ``allocator`` says what was set; ``--allocator default`` measures glibc as it comes;
 * exactness: loss and every gradient bit-equal to ``plain`` (eager variants, same
   dropout masks). On a backend other than the CPU a variant is also exact where its
   largest difference from ``plain`` (``grad_difference``: over the loss and every
@@ -118,6 +124,7 @@ say so (``out_of_sample``, ``source``).
 Usage: python benchmarks/bench_budget.py [--backend NAME] [--model NAME[,NAME...]|all]
        [--size small|bench|gpu] [--warmup N] [--steps N] [--max-steps N] [--threads N]
        [--compile] [--plot FILE.png] [--note TEXT] [--out-of-sample RATES.json]
+       [--allocator held|default]
 
 ``--size`` picks the zoo's shapes: ``bench`` (the default), ``small`` (the tests'), or
 ``gpu`` (wider and longer, for a CUDA run: ``gpt2``, ``llama``, ``qwen2``, ``vit``,
@@ -139,6 +146,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _allocator import add_option, minor_faults, settle
 from _budget_checks import (
     AGAIN,
     RULES,
@@ -180,24 +188,27 @@ def _time_rounds(
     variants: list[str],
     backend: Accelerator,
     args: argparse.Namespace,
-) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Seconds per round by variant, and the run's noise: at least ``--steps`` rounds,
-    more until the pairs timed twice agree (``_budget_checks.noise``), at most
-    ``--max-steps``."""
+) -> tuple[dict[str, list[float]], dict[str, list[int]], dict[str, Any]]:
+    """Seconds and minor page faults per round by variant, and the run's noise: at least
+    ``--steps`` rounds, more until the pairs timed twice agree (``_budget_checks.noise``),
+    at most ``--max-steps``."""
     for _ in range(args.warmup):
         for name in variants:
             step(case, models[name], backend)
     times: dict[str, list[float]] = {name: [] for name in variants}
+    faults: dict[str, list[int]] = {name: [] for name in variants}
     repeated = REPEATED if REPEATED + AGAIN in models else None
     while True:
         shift = len(times["plain"]) % len(variants)
         for name in variants[shift:] + variants[:shift]:
+            before = minor_faults()
             times[name].append(step(case, models[name], backend))
+            faults[name].append(minor_faults() - before)
         rounds = len(times["plain"])
         if rounds >= args.steps:
             found = noise(times, repeated)
             if found["agreed"] or rounds >= max(args.max_steps, args.steps):
-                return times, found
+                return times, faults, found
 
 
 def _fresh_compiler() -> None:
@@ -270,7 +281,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
     # Off the CPU: how far the plain model is from itself (the kernels' own noise).
     rerun = None if on_cpu else difference(gradients(case, models["plain"]), reference)
     compiled_reference = gradients(case, models["compiled"]) if "compiled" in models else None
-    times, run_noise = _time_rounds(case, models, variants, backend, args)
+    times, faults, run_noise = _time_rounds(case, models, variants, backend, args)
     rows: dict[str, dict[str, Any]] = {}
     for name in variants:
         compiled = name.startswith("compiled")
@@ -304,6 +315,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
             "activation_bytes": activations,
             "bytes_ratio": activations / plain_saved,
             "step_seconds": statistics.median(times[name]),
+            "page_faults_per_step": statistics.median(faults[name]),
             "time_ratio": measured,
             "measured": measured,
             "estimate": estimate,
@@ -393,6 +405,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--compile", action="store_true", help="add the torch.compile rows")
+    add_option(parser)
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="draw the plot")
     parser.add_argument("--note", default="", help="a note for the JSON (how the host was)")
     parser.add_argument(
@@ -409,6 +422,7 @@ def main() -> None:
     # cuBLAS is deterministic only with a fixed workspace, set before its first use.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     args = parse_args()
+    allocator = settle(args.allocator)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     backend = accel.get_backend(args.backend)
@@ -444,6 +458,7 @@ def main() -> None:
                 "max_steps": args.max_steps,
                 "note": args.note,
                 "threads": torch.get_num_threads(),
+                "allocator": allocator,
                 "seconds": time.perf_counter() - started,
                 # The host's load when the file was written: others' jobs share its cores.
                 "load_average": os.getloadavg(),

@@ -27,6 +27,7 @@ from typing import Any
 
 import _zoo
 import torch
+from _allocator import add_option, settle
 from _budget_measure import step
 from _report import print_table, write_results
 
@@ -117,7 +118,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5, help="memory budget (0.5)")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved timed rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1)")
+    add_option(parser)
     args = parser.parse_args()
+    allocator = settle(args.allocator)
     torch.set_num_threads(args.threads)
     found = [breakdown(f, args.budget, args.rounds) for f in args.model.split(",")]
     rows = []
@@ -144,6 +147,7 @@ def main() -> None:
         {
             "rounds": args.rounds,
             "threads": args.threads,
+            "allocator": allocator,
             "torch_version": torch.__version__,
             "models": found,
         },

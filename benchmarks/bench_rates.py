@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import torch
+from _allocator import add_option, settle
 from _rates_runs import GENERAL, combine
 from _report import write_results
 from _zoo import FAMILIES, build, unusable
@@ -31,7 +32,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="all", help="zoo families, comma-separated")
     parser.add_argument("--plain", type=int, default=3, help="runs without a model")
+    add_option(parser)
     args = parser.parse_args()
+    allocator = settle(args.allocator)
     torch.set_num_threads(1)
     from checkpointing import calibrate_rates
 
@@ -66,6 +69,7 @@ def main() -> int:
         "cpu",
         {
             "threads": 1,
+            "allocator": allocator,
             "seconds": time.perf_counter() - started,
             "general": general,
             "operator_bytes": operators,
