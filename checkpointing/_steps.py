@@ -13,9 +13,9 @@ from torch.utils._pytree import tree_flatten
 from accel import Accelerator
 
 __all__ = [
+    "SavedPerCall",
     "backward",
     "call_model",
-    "dropping_saved",
     "require_grad",
     "tensors_of",
     "untouched",
@@ -64,39 +64,75 @@ def backward(output: Any) -> None:
     torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
 
 
-class _Dropped:
-    """What a profiled forward stores in place of a saved tensor: nothing."""
+class _Held:
+    """What a real profiled forward stores for a saved tensor: the tensor, until released."""
 
-    def __repr__(self) -> str:
-        return "<dropped saved tensor>"
+    __slots__ = ("tensor",)
 
-
-DROPPED = _Dropped()
-
-
-def _refuse_backward(packed: Any) -> torch.Tensor:
-    raise RuntimeError(
-        "checkpointing: backward through a profiling forward, whose saved tensors were "
-        "not kept. This is a bug in the planner; please report it."
-    )
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor: torch.Tensor | None = tensor
 
 
-def dropping_saved(
-    record: Any = None,
-) -> torch.autograd.graph.saved_tensors_hooks:
-    """Saved-tensor hooks that keep nothing: the forward holds no activations.
+def _unpack(held: _Held) -> torch.Tensor:
+    if held.tensor is None:
+        raise RuntimeError(
+            "checkpointing: the model's forward ran a backward through a tensor saved in "
+            "a module call that had already returned, while the planner profiled it on "
+            "real tensors. That profile keeps what autograd saves only until the module "
+            "call that saved it returns, so that planning never holds the step's "
+            "activations: a forward may take gradients within one module call, but not "
+            "through what an earlier call computed."
+        )
+    return held.tensor
 
-    ``record(tensor)`` (if given) sees each tensor autograd would save. The profile's
-    forwards run under these hooks, so that planning never holds the plain step's
-    activations, which are what the budget is for.
+
+class SavedPerCall:
+    """Saved-tensor hooks for a real forward that keep each tensor only while needed.
+
+    A module's forward may run a backward of its own (a layer that takes gradients
+    inside its forward, or a scan-based ``nn.GRU`` that a backend puts in place of
+    torch's, which traces its step with AOTAutograd and runs that trace's backward to
+    capture it), so a saved tensor cannot be dropped at once. Each is kept until the
+    module call running when autograd saved it returns (:meth:`enter` and :meth:`leave`
+    bracket every call), then released: the forward holds what the calls still running
+    saved with their own operators, never the whole step's activations, which are what
+    the budget is for.
+
+    Args:
+        record: If given, ``record(tensor)`` sees each tensor autograd saves.
     """
 
-    def pack(tensor: torch.Tensor) -> Any:
-        if record is not None:
-            record(tensor)
-        return DROPPED
+    def __init__(self, record: Any = None) -> None:
+        self.record = record
+        self.open: list[list[_Held]] = [[]]  # per running call; the step's own first
 
-    return torch.autograd.graph.saved_tensors_hooks(pack, _refuse_backward)
+    def _pack(self, tensor: torch.Tensor) -> _Held:
+        if self.record is not None:
+            self.record(tensor)
+        held = _Held(tensor)
+        self.open[-1].append(held)
+        return held
+
+    def enter(self) -> None:
+        """A module call starts: what it saves is kept until :meth:`leave`."""
+        self.open.append([])
+
+    def leave(self) -> None:
+        """The latest module call returned: release what it saved."""
+        if len(self.open) > 1:
+            for held in self.open.pop():
+                held.tensor = None
+
+    @contextmanager
+    def hooks(self) -> Iterator[None]:
+        """The hooks, for one forward; everything still kept is released on exit."""
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack):
+                yield
+        finally:
+            for held in (held for call in self.open for held in call):
+                held.tensor = None
+            self.open = [[]]
 
 
 def call_model(model: nn.Module, example_inputs: Any) -> Any:

@@ -22,8 +22,9 @@ times per step (a layer shared across depths) gets one record per call, named
 
 Where the model cannot run on fake tensors (an operator whose output shape the data
 decides, such as mixture-of-experts routing, or one without a fake kernel), one real
-forward runs instead, keeping none of the tensors autograd saves; its backward is
-then priced as twice its forward. :attr:`StepProfile.fallback` says why.
+forward runs instead, keeping what autograd saves only until the module call that saved
+it returns (:class:`.._steps.SavedPerCall`); its backward is then priced as twice its
+forward. :attr:`StepProfile.fallback` says why.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from .._measure import storage_key
 from .._replay import Geometry, Ref, replayable, template_of
 from .._saved_plan import grad_pattern
 from .._selective import is_saved_operator, written_tensors
-from .._steps import call_model, dropping_saved, require_grad, tensors_of, untouched
+from .._steps import SavedPerCall, call_model, require_grad, tensors_of, untouched
 from ._kernels import device_kernels
 from ._layouts import DeviceLayouts
 from ._leftovers import keeping_saved, leaving_nothing, tracking
@@ -90,9 +91,9 @@ class _Recorder(TorchDispatchMode):
             return None
         storage = tensor.untyped_storage()
         known = self.ids.get(key)
-        # A storage's address is reused once it is freed (the real-forward profile keeps
-        # nothing), and a tensor no operator returned (a wrapped scalar) may land there:
-        # it is a new storage, or the numbering would follow the allocator.
+        # A storage's address is reused once it is freed (the real-forward profile frees
+        # what each call saved), and a tensor no operator returned (a wrapped scalar) may
+        # land there: it is a new storage, or the numbering would follow the allocator.
         if not new and known is not None and known[1]() is storage:
             return known[0]
         index = len(self.storage_bytes)
@@ -186,6 +187,7 @@ class _Calls:
         self.counts: Counter[str] = Counter()
         self.saved_by: dict[int, set[tuple[int, ...]]] = {}
         self.packs: list[tuple[int | None, Geometry]] = []
+        self.saved = SavedPerCall(self.pack)  # the real forward's saved-tensor hooks
 
     def before(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         recorder = self.recorder
@@ -215,9 +217,11 @@ class _Calls:
             if index is not None:
                 record.inputs.add(index)
         recorder.stack.append(record)
+        self.saved.enter()
 
     def after(self, module: nn.Module, args: Any, output: Any) -> None:
         self.recorder.stack.pop()
+        self.saved.leave()
 
     def pack(self, tensor: torch.Tensor) -> None:
         recorder = self.recorder
@@ -323,7 +327,7 @@ def _run(
             recorder.in_backward = True
             torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
         else:
-            with dropping_saved(calls.pack):
+            with calls.saved.hooks():
                 output = call_model(model, inputs)
             require_grad(output)
         del output
@@ -372,8 +376,8 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
     if fallback:
         refuse_real_step(model, fallback)
         fallback += (
-            ", so one real forward was profiled, keeping no activations, and backward was "
-            "estimated as twice the forward"
+            ", so one real forward was profiled, keeping what each module call saved "
+            "only until it returned, and backward was estimated as twice the forward"
         )
         with untouched(model, backend), leaving_nothing(model, fake=False):
             calls, recorder = _run(model, example_inputs, False, backend)

@@ -1,9 +1,10 @@
 """The memory budget on module shapes without children, and why a budget cannot be reached.
 
-Leaves that do their own work (``nn.LSTM``, ``nn.GRU``, a user's childless layer),
-self-attention called as ``attn(x, x, x)``, and a model that is one childless module
-(checkpointed whole through its forward) are planned, bit-exact with dropout; every
-"cannot reach" error names its cause.
+Leaves that do their own work (``nn.LSTM``, ``nn.GRU``, a GRU whose forward runs a
+backward of its own, a user's childless layer), self-attention called as
+``attn(x, x, x)``, and a model that is one childless module (checkpointed whole through
+its forward) are planned, bit-exact with dropout; every "cannot reach" error names its
+cause.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+
+# torch's own GRU: a backend may put another in place of nn.GRU where it is imported
+# (torch_xla 2.9 puts a scan-based GRU there, which runs on XLA tensors only), and the
+# models here live on the host.
+from torch.nn.modules.rnn import GRU
 
 import checkpointing
 from checkpointing import CheckpointPlan, Decision, plan_checkpointing
@@ -48,6 +54,22 @@ class Recurrent(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.rnn(self.embed(ids))[0])
+
+
+class GradientInForwardGRU(GRU):
+    """A GRU whose forward runs a backward of its own first, as a scan-based GRU does.
+
+    Such a GRU (what a backend may put in place of ``nn.GRU``) traces its step with
+    AOTAutograd and runs the trace's backward to capture it, inside its forward. As an
+    ``nn.RNNBase`` it is profiled on real tensors, which once kept none of what autograd
+    saved and so refused that backward.
+    """
+
+    def forward(self, input: Any, hx: Any = None) -> Any:
+        probe = torch.ones(4, requires_grad=True)
+        (grad,) = torch.autograd.grad((probe.sin() * probe).sum(), probe)
+        assert torch.equal(grad, probe.cos() * probe + probe.sin())
+        return super().forward(input, hx)
 
 
 class Mixer(nn.Module):
@@ -93,7 +115,8 @@ def _built(factory: Any) -> nn.Module:
 
 CASES = {
     "lstm": (lambda: Recurrent(nn.LSTM), _ids, "rnn"),
-    "gru": (lambda: Recurrent(nn.GRU), _ids, "rnn"),
+    "gru": (lambda: Recurrent(GRU), _ids, "rnn"),
+    "gru taking gradients in forward": (lambda: Recurrent(GradientInForwardGRU), _ids, "rnn"),
     "childless model": (Mixer, _x, ""),
     "self-attention": (SelfAttention, _x, "attention"),
 }
@@ -117,6 +140,28 @@ def test_rnn_is_checkpointed_whole_only() -> None:
     model = _built(lambda: Recurrent(nn.LSTM))
     plan = plan_checkpointing(model, (_ids(),), 0.25)
     assert plan.decisions == {"rnn": FULL}
+
+
+class GradientAcrossModules(nn.Module):
+    """An LSTM (so profiled on real tensors), and in forward a gradient through the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        energy = self.head(self.rnn(x)[0]).sum()
+        (force,) = torch.autograd.grad(energy, x, create_graph=True)
+        return force
+
+
+def test_a_gradient_through_an_earlier_call_in_a_real_profile_is_refused_plainly() -> None:
+    # The real-tensor profile keeps what a module call saved until it returns: the
+    # head's input is gone when the model's own forward takes its gradient.
+    x = _x().requires_grad_()
+    with pytest.raises(RuntimeError, match=r"^checkpointing: the model's forward ran a backward"):
+        plan_checkpointing(_built(GradientAcrossModules), (x,), 0.5)
 
 
 def test_childless_model_is_checkpointed_through_its_forward() -> None:
