@@ -4,10 +4,12 @@ glibc's ``malloc`` serves a large block with ``mmap`` and unmaps it when it is f
 then raises its threshold to that block's size, and gives the top of its heap back to
 the kernel once more than twice the threshold lies free there. Which blocks go which way
 depends on the order of earlier frees, so a training step's activations are faulted in
-again on some steps and not others: on this workplace's two-core Xeon (torch 2.13.0, one
-thread, 2026-11-29) the same GPT-2 step took 0 to 11,000 minor page faults from one step
-to the next, six identical copies of it timed in the same rounds differed by up to 0.18
-of a step, and ViT's plain step took 400 ms with the faults against 315 ms without them.
+again on some steps and not others. On this workplace's two-core Xeon (torch 2.13.0, one
+thread, quiet, 2026-11-29) GPT-2's and ViT's plain steps took 1,600 to 3,600 minor page
+faults each, and from 0 to 11,000 from one GPT-2 step to the next; held, 0 to 110. ViT's
+step took 394 to 456 ms with them and 295 to 390 ms without. They are not what makes
+identical copies of one model, timed in the same rounds, differ: by 0.09 to 0.15 of a
+step with glibc's thresholds and 0.05 to 0.17 held, in two runs of six copies each.
 
 :func:`hold_freed_memory` fixes both thresholds (``mallopt``) so that freed memory stays
 in the process and is reused: what PyTorch's CPU performance guide gets by preloading

@@ -6,7 +6,8 @@
   over its own scale (floored at :data:`SCALE_FLOOR` of the model's largest gradient).
   Off the CPU a variant within :data:`GPU_TOLERANCE` of plain counts as exact;
 * :func:`graph_saved_bytes`: the storages the autograd graph of one forward saves (a
-  compiled graph's too), for the variants without checkpoint hooks.
+  compiled graph's too), for the variants without checkpoint hooks, and apart from them
+  the copies of parameters it saves.
 """
 
 from __future__ import annotations
@@ -38,16 +39,22 @@ GPU_TOLERANCE = 1e-4
 SCALE_FLOOR = 1e-3
 
 
-def graph_saved_bytes(case: ZooModel, model: nn.Module) -> int:
+def graph_saved_bytes(case: ZooModel, model: nn.Module) -> tuple[int, int]:
     """Bytes of the storages the autograd graph of one forward saves (:func:`checkpointing.
-    _measure.graph_saved_bytes`: a compiled graph's too), parameters and buffers excluded.
+    _measure.graph_saved_bytes`: a compiled graph's too), parameters and buffers excluded,
+    and apart from them the bytes of the parameters' copies it saves.
 
+    The copies are parameters laid out anew by the compiler (inductor's channels-last
+    convolution weights), saved in the plain compiled step as in a planned one: they grow
+    with the parameters, not the batch, so they are reported, not counted as activations.
     Only for variants without checkpoint hooks (reading a hooked saved tensor would
     recompute it).
     """
     output = case.call(model)
     outputs = output if isinstance(output, torch.Tensor) else dict(output)
-    return walk_saved_bytes(outputs, [*model.parameters(), *model.buffers()])
+    exclude = [*model.parameters(), *model.buffers()]
+    counted = walk_saved_bytes(outputs, exclude, copies_of=exclude)
+    return counted, walk_saved_bytes(outputs, exclude) - counted
 
 
 def gradients(case: ZooModel, model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:

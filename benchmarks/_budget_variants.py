@@ -197,6 +197,10 @@ def variant(
         facts["plan_digest"] = hashlib.sha256(decisions.encode()).hexdigest()[:16]
         facts["estimated_time_ratio"] = plan.estimated_step_time_ratio
         facts["estimated_bytes_ratio"] = plan.estimated_bytes / plan.plain_bytes
+        compiled = plan.compiled_estimated_bytes
+        facts["estimated_compiled_bytes_ratio"] = (
+            None if compiled is None else compiled / plan.plain_bytes
+        )
         facts["profiled_plain_bytes"] = plan.plain_bytes
         facts["decisions"] = sorted(set(plan.decisions.values()))
         facts["considered"] = [

@@ -195,7 +195,12 @@ def _holds_memory(tensor: torch.Tensor) -> bool:
     return tensor.device.type != "meta" and not isinstance(tensor, FakeTensor)
 
 
-def graph_saved_bytes(outputs: Any, exclude: Iterable[torch.Tensor] = ()) -> int:
+def graph_saved_bytes(
+    outputs: Any,
+    exclude: Iterable[torch.Tensor] = (),
+    *,
+    copies_of: Iterable[torch.Tensor] = (),
+) -> int:
     """Bytes of the storages the autograd graph behind ``outputs`` saves, found by walking it.
 
     The meter for a compiled step: a compiled graph saves its activations in one autograd
@@ -208,8 +213,21 @@ def graph_saved_bytes(outputs: Any, exclude: Iterable[torch.Tensor] = ()) -> int
     Args:
         outputs: Tensors, or a structure of them (a model's output).
         exclude: Tensors whose storages are not counted.
+        copies_of: A saved tensor in a storage of its own with the shape, dtype and values
+            of one of these is a copy of it in another memory layout, and is not counted:
+            inductor lays convolution weights out channels-last and saves those copies
+            for backward, in the plain compiled step as in a planned one. They grow with
+            the parameters, not with the batch, so they are no activations.
     """
     excluded = {storage_key(tensor) for tensor in exclude}
+    originals: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    for tensor in copies_of:
+        originals.setdefault((tuple(tensor.shape), tensor.dtype), []).append(tensor.detach())
+
+    def is_copy(value: torch.Tensor) -> bool:
+        found = originals.get((tuple(value.shape), value.dtype), ())
+        return any(torch.equal(value, original) for original in found)
+
     leaves = torch.utils._pytree.tree_leaves(outputs)
     stack: list[Any] = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor)]
     seen: set[int] = set()
@@ -222,7 +240,9 @@ def graph_saved_bytes(outputs: Any, exclude: Iterable[torch.Tensor] = ()) -> int
         values: list[Any] = list(getattr(node, "saved_tensors", ()) or ())
         values += [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
         for value in torch.utils._pytree.tree_leaves(values):
-            if isinstance(value, torch.Tensor) and storage_key(value) not in excluded:
+            if not isinstance(value, torch.Tensor) or storage_key(value) in excluded:
+                continue
+            if not is_copy(value):
                 storages[storage_key(value)] = value.untyped_storage().nbytes()
         stack.extend(function for function, _ in node.next_functions)
     return sum(storages.values())

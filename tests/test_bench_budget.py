@@ -121,12 +121,14 @@ def test_the_bench_takes_rounds_until_the_pairs_agree(monkeypatch: pytest.Monkey
     monkeypatch.setattr(bench_budget, "step", lambda case, model, backend: next(seconds))
     models = dict.fromkeys(["plain", "plain again", "budget 0.5", "budget 0.5 again"])
     args = bench_budget.parse_args(["--steps", "2", "--max-steps", "40", "--warmup", "0"])
-    times, found = bench_budget._time_rounds(None, models, list(models), None, args)
+    times, faults, found = bench_budget._time_rounds(None, models, list(models), None, args)
     assert found["agreed"] and 2 < found["rounds"] < 40
     assert all(len(series) == found["rounds"] for series in times.values())
+    assert all(len(counts) == found["rounds"] for counts in faults.values())
+    assert all(count >= 0 for counts in faults.values() for count in counts)
     args = bench_budget.parse_args(["--steps", "2", "--max-steps", "3", "--warmup", "0"])
     seconds = iter([1.0, 1.3] * 400)
-    _, capped = bench_budget._time_rounds(None, models, list(models), None, args)
+    _, _, capped = bench_budget._time_rounds(None, models, list(models), None, args)
     assert capped["rounds"] == 3 and not capped["agreed"]
 
 
@@ -210,3 +212,31 @@ def test_a_looser_budget_slower_by_more_than_003_is_a_finding_unless_the_plan_is
     count = count_looser_slower(results)
     assert count["looser_slower"] == 1 and count["names"] == ["gpt2"]
     assert count["same_plan_only"] == ["lstm"] and count["families"] == 3
+
+
+def test_a_compiled_plan_is_judged_against_its_compiled_estimate() -> None:
+    from _compiled_plan import judge
+
+    # ResNet at the small size under inductor (2026-11-29): the plan kept 0.23x, its
+    # compiled estimate with two generator states 0.28x, and the compiled step 0.282x.
+    plain = {"graph_breaks": 0, "bytes_ratio": 0.98}
+    planned = {
+        "bytes_ratio": 0.282,
+        "estimated_bytes_ratio": 0.229,
+        "estimated_compiled_bytes_ratio": 0.282,
+        "graph_breaks": 0,
+        "bit_equal": True,
+        "grad_difference": 0.0,
+    }
+    verdict = judge({"compiled": plain, "compiled, plan 0.5": planned})
+    assert verdict is not None and verdict["met"]
+    assert verdict["limit"] == pytest.approx(0.302) and verdict["eager_estimate"] == 0.229
+    # A plan saved before the compiled estimate was recorded: its eager estimate.
+    older = {**planned, "estimated_compiled_bytes_ratio": None}
+    verdict = judge({"compiled": plain, "compiled, plan 0.5": older})
+    assert verdict is not None and not verdict["within_estimate"] and not verdict["met"]
+    # Over the compiled estimate by more than 2%, or a break added: missed.
+    over = {**planned, "bytes_ratio": 0.31}
+    assert not judge({"compiled": plain, "compiled, plan 0.5": over})["met"]
+    broken = {**planned, "graph_breaks": 1}
+    assert not judge({"compiled": plain, "compiled, plan 0.5": broken})["met"]

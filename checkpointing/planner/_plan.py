@@ -65,6 +65,10 @@ class ConsideredPlan:
     weighed_seconds: float | None = None
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _mib(count: int) -> str:
     return f"{count / 2**20:.2f} MiB"
 
@@ -91,6 +95,11 @@ class CheckpointPlan:
         rows: The table's rows.
         plain_bytes: Activation bytes of the plain model (autograd-saved storages).
         estimated_bytes: Activation bytes expected under the plan.
+        compiled_estimated_bytes: Activation bytes expected under the plan once the
+            model is compiled (``torch.compile``): each saved-tensor-grain call in its
+            compiled form, plus the generator state a compiled region keeps for each
+            random draw it recomputes (the note says when this is above
+            :attr:`estimated_bytes`). ``None`` in plans saved before it was recorded.
         estimated_step_time_ratio: Expected step time over the plain step time.
         budget_bytes: The budget the plan was made for, in bytes.
         step_seconds: The plain step's estimated seconds (forward and backward), from
@@ -134,6 +143,7 @@ class CheckpointPlan:
     note: str = ""
     considered: tuple[ConsideredPlan, ...] = ()
     margins: dict[str, float] = field(default_factory=dict)
+    compiled_estimated_bytes: int | None = None
 
     @property
     def decisions(self) -> dict[str, str]:
@@ -305,6 +315,7 @@ class CheckpointPlan:
             "note": self.note,
             "considered": [list(c.__dict__.values()) for c in self.considered],
             "margins": dict(self.margins),
+            "compiled_estimated_bytes": self.compiled_estimated_bytes,
         }
 
     @classmethod
@@ -346,6 +357,8 @@ class CheckpointPlan:
                 considered=tuple(ConsideredPlan(*c) for c in value["considered"]),
                 # Absent from plans saved before the search weighed margins.
                 margins={k: float(v) for k, v in value.get("margins", {}).items()},
+                # Absent from plans saved before the compiled estimate was recorded.
+                compiled_estimated_bytes=_optional_int(value.get("compiled_estimated_bytes")),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise PlanFormatError(

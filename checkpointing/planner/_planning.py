@@ -388,6 +388,7 @@ def _build(
         enclosed=enclosed,
         note=note,
         margins=margins(),
+        compiled_estimated_bytes=held,
     )
 
 

@@ -173,6 +173,10 @@ def test_a_compiled_plan_adds_no_graph_break_keeps_its_estimate_and_is_exact(
     planned_breaks, saved, got = _compiled_step(case, planned)
     assert planned_breaks == breaks
     assert saved <= plan.estimated_bytes + 0.02 * plan.plain_bytes, plan
+    # The compiled estimate adds what a compiled region keeps to replay its draws.
+    compiled = plan.compiled_estimated_bytes
+    assert compiled is not None and compiled >= plan.estimated_bytes
+    assert CheckpointPlan.from_dict(plan.to_dict()).compiled_estimated_bytes == compiled
     assert saved < plain_saved
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 

@@ -80,10 +80,20 @@ def test_a_file_of_format_1_loads_saves_as_format_2_and_trains_exactly(tmp_path:
     old = json.loads(V1_FILE.read_text())
     plan = CheckpointPlan.load(V1_FILE)
     # Everything but the decisions is as the old file had it; its rates read the copy
-    # rates added since as their defaults, and it encloses no call (none was recorded).
-    same = {"format", "decisions", "kept_calls", "saved_plans", "rates", "enclosed"}
+    # rates added since as their defaults, it encloses no call (none was recorded), and
+    # it has no compiled estimate (none was made).
+    same = {
+        "format",
+        "decisions",
+        "kept_calls",
+        "saved_plans",
+        "rates",
+        "enclosed",
+        "compiled_estimated_bytes",
+    }
     new = plan.to_dict()
     assert "enclosed" not in old and new["enclosed"] == {}
+    assert "compiled_estimated_bytes" not in old and plan.compiled_estimated_bytes is None
     assert {k: v for k, v in new.items() if k not in same} == {
         k: v for k, v in old.items() if k not in same
     }
