@@ -28,7 +28,10 @@ it. It works on whatever holds the tensor, not on a list of known caches:
     elsewhere): set to ``None``, the unset state of a lazily filled cache;
   - any other dict, list or set (a cache): the entry holding the tensor is removed;
   - a tuple, a function, a bound method or another immutable holder: the walk goes on
-    to what holds it, up to :data:`_DEPTH` levels.
+    to what holds it, up to :data:`_DEPTH` levels;
+  - a parameter's ``.grad``, written by a backward the model's code runs itself (a
+    reversible layer's ``autograd.Function`` recomputes its block and backpropagates
+    through it): put back as it was before the step.
 
 Nothing is scanned when nothing is left, which is the common case; mending costs a few
 passes of the collector (0.05 s each in a process that imported transformers). Frames
@@ -333,12 +336,19 @@ def leaving_nothing(model: nn.Module, fake: bool = True) -> Iterator[None]:
             ``False`` (the real-tensor fallback) only the model's modules are mended.
     """
     snapshot = _Snapshot(model)
+    # A backward the model's own code runs (a reversible layer recomputing its block in
+    # its autograd Function's backward) accumulates into the parameters' ``.grad``,
+    # which no referrer walk reaches: each is put back as it was.
+    gradients = [(parameter, parameter.grad) for parameter in model.parameters()]
     created = _Created(fake)
     token = _ACTIVE.set(created)
     try:
         yield
     finally:
         _ACTIVE.reset(token)
+        for parameter, gradient in gradients:
+            if parameter.grad is not gradient:
+                parameter.grad = gradient
         for box in created.boxes:
             box.tensor = None
         tensors = created.alive()

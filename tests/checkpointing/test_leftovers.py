@@ -279,6 +279,63 @@ def test_a_module_at_two_paths_and_a_tied_weight_are_not_left_fake() -> None:
     assert all(torch.equal(a.grad, b.grad) for a, b in pairs)  # type: ignore[arg-type]
 
 
+class _ReversibleFunction(torch.autograd.Function):
+    """Runs ``layer`` without a graph and, in backward, again with one (as Reformer's
+    reversible layers do): the recomputed graph's backward accumulates into the layer's
+    parameters' ``.grad`` directly."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+        ctx.layer = layer
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return x + layer(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x.detach().requires_grad_()
+            torch.autograd.backward(x + ctx.layer(x), grad)
+        assert x.grad is not None
+        return x.grad, None
+
+
+class _Reversible(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(WIDTH, WIDTH)
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH))
+            for _ in range(BLOCKS)
+        )
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed(x)
+        for layer in self.layers:
+            hidden = _ReversibleFunction.apply(hidden, layer)
+        return self.head(torch.tanh(hidden))
+
+
+def test_gradients_a_models_own_backward_writes_while_planning_are_put_back() -> None:
+    x = torch.randn(BATCH, SEQ, WIDTH, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    model = _Reversible().train()
+    reference = copy.deepcopy(model)
+    model.head.bias.grad = kept = torch.ones(1)  # a gradient from before: kept as it is
+    plan = plan_checkpointing(model, (x,), memory_budget=0.5)
+    assert model.head.bias.grad is kept
+    others = [p for name, p in model.named_parameters() if name != "head.bias"]
+    assert all(p.grad is None for p in others), [type(p.grad) for p in others]
+    model.head.bias.grad = None
+    plan.apply(model)
+    for net in (model, reference):
+        net(x).square().mean().backward()
+    pairs = zip(model.parameters(), reference.parameters(), strict=True)
+    assert all(torch.equal(a.grad, b.grad) for a, b in pairs)  # type: ignore[arg-type]
+
+
 class _Routed(nn.Module):
     """Picks rows by their values (``nonzero``): a shape fake tensors cannot know."""
 
