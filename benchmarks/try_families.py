@@ -1,7 +1,9 @@
-"""Plan transformers families the zoo does not hold, as a new user would, and check them.
+"""Plan 29 transformers families the zoo does not hold, as a new user would, and check them.
 
-Each family is a tiny random configuration (width 32, two layers, two heads, 16 tokens,
-batch 2, its dropout on), trained through its own loss (``labels``). For each budget
+Each family is a tiny random configuration (width 32, two layers, three for RecurrentGemma,
+two heads, 16 tokens, batch 2, dropout on where the family has it), trained through its
+own loss (``labels``): decoders, encoders, encoder-decoders, mixtures of experts and state
+space or recurrent models (RWKV, Mamba2, Jamba, RecurrentGemma). For each budget
 (0.5, 0.25): ``plan_checkpointing`` on a copy, ``plan.apply``, one training step
 compared with the plain model's (the loss and every gradient bit-equal, the same seed),
 ``plan.measure`` (activations measured against the estimate and the budget), a second
@@ -154,6 +156,102 @@ FAMILIES: dict[str, Callable[[], Built]] = {
         num_buckets=2,
         max_position_embeddings=TOKENS,
     ),
+    "rwkv": _family(
+        "RwkvConfig",
+        "RwkvForCausalLM",
+        hidden_size=32,
+        num_hidden_layers=2,
+        attention_hidden_size=32,
+        intermediate_size=64,
+        context_length=TOKENS,
+    ),
+    "mamba2": _family(
+        "Mamba2Config",
+        "Mamba2ForCausalLM",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_heads=4,
+        head_dim=16,
+        state_size=8,
+        n_groups=1,
+        expand=2,
+        chunk_size=8,
+    ),
+    "jamba": _family(
+        "JambaConfig",
+        "JambaForCausalLM",
+        num_experts=2,
+        num_experts_per_tok=1,
+        num_key_value_heads=1,
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        mamba_d_state=8,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        use_mamba_kernels=False,
+        **_BERT_FF,
+    ),
+    "recurrent_gemma": _family(
+        "RecurrentGemmaConfig",
+        "RecurrentGemmaForCausalLM",
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        lru_width=32,
+        attention_window_size=8,
+        conv1d_width=4,
+        head_dim=16,
+    ),
+    "olmoe": _family(
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_key_value_heads=2,
+        **_BERT_FF,
+    ),
+    "qwen2_moe": _family(
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_key_value_heads=2,
+        **_BERT_FF,
+    ),
+    "phimoe": _family(
+        "PhimoeConfig",
+        "PhimoeForCausalLM",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        num_key_value_heads=2,
+        **_BERT_FF,
+    ),
+    "granitemoe": _family(
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        num_key_value_heads=2,
+        **_BERT_FF,
+    ),
+    "gpt_bigcode": _family(
+        "GPTBigCodeConfig",
+        "GPTBigCodeForCausalLM",
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        multi_query=True,
+    ),
+    "stablelm": _family("StableLmConfig", "StableLmForCausalLM", num_key_value_heads=2, **_BERT_FF),
+    "xglm": _family(
+        "XGLMConfig", "XGLMForCausalLM", d_model=32, num_layers=2, attention_heads=2, ffn_dim=64
+    ),
 }
 #: Families whose forward reseeds torch's generator from the OS (``torch.seed()``).
 RESEEDING = ("reformer",)
@@ -197,8 +295,10 @@ def try_family(name: str, budget: float) -> dict[str, Any]:
             torch.manual_seed(0)
             model, inputs = FAMILIES[name]()
             model.train()
-            reference = _step(model, inputs)
+            # Copied before any step: a model may keep its step's tensors (RecurrentGemma
+            # its recurrent state), which deepcopy refuses.
             planned = copy.deepcopy(model)
+            reference = _step(model, inputs)
             plan = plan_checkpointing(planned, inputs, budget)
             plan.apply(planned)
             exact = _equal(_step(planned, inputs), reference)

@@ -1,7 +1,7 @@
 """``benchmarks/try_families.py`` on two of its families: a decoder and Reformer.
 
 Reformer's reversible layers run a backward of their own in backward, which wrote fake
-gradients into the real parameters while planning; the script's run of all 18 families
+gradients into the real parameters while planning; the script's run of all 29 families
 is in ``docs/memory-budget-planning.md``.
 """
 
