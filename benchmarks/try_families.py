@@ -15,8 +15,13 @@ Reformer reseeds torch's generator with ``torch.seed()`` in every forward where 
 generator exists (``_init_attention_seed``), so its plain step differs from itself; for
 that family alone ``torch.seed`` returns a fixed number while it is checked.
 
-Usage: python benchmarks/try_families.py [--family opt,bart,...]
-Writes ``benchmarks/results/try-families-cpu-DATE.json``.
+With ``--compile``, each plan is also compiled (``aot_eager``) and judged against the
+compiled plain model: graph breaks added, saved bytes against the plan's compiled
+estimate + 2% (copies of parameters not counted), bit-equality, and whether the plan's
+note said the compiled step would break (a module keeping a state in forward).
+
+Usage: python benchmarks/try_families.py [--family opt,bart,...] [--compile]
+Writes ``benchmarks/results/try-families-cpu-DATE.json`` (``try-families-compiled-...``).
 """
 
 from __future__ import annotations
@@ -283,8 +288,48 @@ def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def try_family(name: str, budget: float) -> dict[str, Any]:
-    """Plan, apply, train and measure one family at one budget; the findings."""
+def _compiled(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[int, int, list[Any]]:
+    """Graph breaks, saved bytes and the step's loss and gradients, compiled (aot_eager)."""
+    from checkpointing._measure import graph_saved_bytes
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    torch.manual_seed(7)
+    out = torch.compile(model, backend="aot_eager")(**inputs)
+    breaks = sum(counters["graph_break"].values())
+    exclude = [*model.parameters(), *model.buffers()]
+    saved = graph_saved_bytes(out.loss, exclude, copies_of=exclude)
+    out.loss.backward()
+    grads = [out.loss.detach()]
+    grads += [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return breaks, saved, grads
+
+
+def _judge_compiled(model: nn.Module, planned: nn.Module, plan: Any, inputs: Any) -> dict[str, Any]:
+    """The compiled plan against the compiled plain model: breaks, memory, exactness."""
+    breaks, _, expected = _compiled(model, inputs)
+    planned_breaks, saved, got = _compiled(planned, inputs)
+    limit = (plan.compiled_estimated_bytes + 0.02 * plan.plain_bytes) / plan.plain_bytes
+    return {
+        "graph_breaks_added": planned_breaks - breaks,
+        "saved_ratio": saved / plan.plain_bytes,
+        "limit": limit,
+        "within": saved / plan.plain_bytes <= limit,
+        "exact": _equal(got, expected),
+        # Where the note names calls that keep a state in forward, dynamo's breaks there
+        # are what the plan said would happen.
+        "said_so": "rebind attributes" in plan.note,
+    }
+
+
+def try_family(name: str, budget: float, compiled: bool = False) -> dict[str, Any]:
+    """Plan, apply, train and measure one family at one budget; the findings.
+
+    With ``compiled``, the planned model is also compiled (``aot_eager``) and judged
+    against the compiled plain model.
+    """
     from checkpointing import plan_checkpointing
 
     fixed = _fixed_torch_seed() if name in RESEEDING else nullcontext()
@@ -307,6 +352,7 @@ def try_family(name: str, budget: float) -> dict[str, Any]:
             torch.manual_seed(0)
             other, _ = FAMILIES[name]()
             _step(other.train(), inputs)  # a second instance, never planned
+            judged = _judge_compiled(model, planned, plan, inputs) if compiled else None
     except Exception as error:  # the finding is the error, reported per family
         return {"family": name, "budget": budget, "error": f"{type(error).__name__}: {error}"}
     return {
@@ -322,19 +368,29 @@ def try_family(name: str, budget: float) -> dict[str, Any]:
         "seeded_by_torch_seed_fixed": name in RESEEDING,
         # The planner's own (a decoder's KV cache switched off), once each.
         "warnings": sorted({str(w.message) for w in caught if "checkpointing" in str(w.message)}),
+        "compiled": judged,
         "seconds": time.perf_counter() - started,
     }
+
+
+def _compiled_cell(judged: dict[str, Any]) -> str:
+    return (
+        f"{judged['graph_breaks_added']}, {judged['saved_ratio']:.3f}x, {judged['limit']:.3f}x, "
+        f"{judged['exact']}, {judged['said_so']}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", default="all", help="comma-separated, or all")
+    parser.add_argument("--compile", action="store_true", help="also judge them compiled")
     args = parser.parse_args()
     torch.set_num_threads(1)
     import transformers
 
     names = list(FAMILIES) if args.family == "all" else args.family.split(",")
-    found = [try_family(name, budget) for name in names for budget in BUDGETS]
+    torch._dynamo.config.recompile_limit = 64  # every family's forward compiled afresh
+    found = [try_family(name, budget, args.compile) for name in names for budget in BUDGETS]
     rows = [
         (
             r["family"],
@@ -347,10 +403,19 @@ def main() -> None:
         for r in found
     ]
     print_table(("family", "budget", "exact, measured (estimate)"), rows)
+    if args.compile:
+        print_table(
+            ("family", "budget", "compiled: breaks added, saved, limit, exact, note said so"),
+            [
+                (r["family"], r["budget"], _compiled_cell(r["compiled"]))
+                for r in found
+                if not r["error"]
+            ],
+        )
     failed = [r for r in found if r["error"] or not (r["exact"] and r["exact_again"])]
     print(f"{len(found) - len(failed)} of {len(found)} plans exact, without an error")
     path = write_results(
-        "try-families",
+        "try-families-compiled" if args.compile else "try-families",
         "cpu",
         {
             "transformers": transformers.__version__,

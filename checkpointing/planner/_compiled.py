@@ -16,6 +16,11 @@ draws land in host memory, a seed and an offset elsewhere. That is nothing besid
 training step's activations, but it can be more than a tiny model's; the plan's note
 gives the compiled estimate with it, and says when it is above the plan's estimate.
 
+A module whose forward rebinds one of its own attributes (RecurrentGemma keeps its
+recurrent state so) breaks the graph inside a checkpointed region: dynamo will not
+trace a side effect there unless told it need not be replayed in backward. The note
+names those calls (:func:`assigning_calls`) and the setting.
+
 The chosen-calls grain (``"keep costly ops"``) is not a compiled form: it names
 operator calls by their occurrence in the eager dispatch, and a traced graph's
 functional operators can be named and counted otherwise.
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .._decisions import FULL, KEEP, SELECTIVE
+from .._decisions import ALTERNATE, CHOSEN, FULL, KEEP, SELECTIVE
 from ._grains import compiled_forms as grains_compiled
 from ._grains import grain_named
 from ._options import Option
@@ -34,11 +39,15 @@ from ._search import Candidate, estimate
 
 __all__ = [
     "COMPILED_FORMS",
+    "assigning_calls",
     "compiled_bytes",
     "compiled_forms",
     "compiled_note",
     "compiled_seconds",
 ]
+
+#: The decisions that run as a checkpointed region (a higher-order operator) compiled.
+_REGIONS = frozenset({FULL, SELECTIVE, ALTERNATE, CHOSEN})
 
 COMPILED_FORMS = grains_compiled()
 """The regions a saved-tensor-grain call may run as under ``torch.compile``: the grains
@@ -129,6 +138,29 @@ def compiled_seconds(profile: StepProfile, option: Option) -> float:
     return option.seconds - policy - rates.policy_kept_seconds * option.kept_count
 
 
+def assigning_calls(
+    profile: StepProfile, chosen: dict[str, Option], forms: dict[str, Option]
+) -> dict[str, tuple[str, ...]]:
+    """The calls in compiled checkpointed regions that rebind their module's attributes.
+
+    By call, with the attributes (a recurrent state kept for generation). Dynamo refuses
+    such a side effect inside the region (torch's checkpoint replays it when backward
+    recomputes), breaks the graph there and runs the region eagerly.
+    """
+    found: dict[str, tuple[str, ...]] = {}
+    for name, option in chosen.items():
+        decision = forms[name].decision if name in forms else option.decision
+        if decision not in _REGIONS:
+            continue
+        pending = [name]
+        while pending:
+            record = profile.modules[pending.pop()]
+            if record.assigns:
+                found[record.name] = record.assigns
+            pending.extend(record.children)
+    return found
+
+
 def compiled_note(
     profile: StepProfile, taken: Candidate, forms: dict[str, Option], held: int
 ) -> str:
@@ -144,7 +176,8 @@ def compiled_note(
         held: :func:`compiled_forms`' bytes for it.
     """
     plain, estimated = profile.plain_bytes, taken.estimated_bytes
-    if not forms and held <= estimated:
+    assigning = assigning_calls(profile, taken.chosen, forms)
+    if not forms and held <= estimated and not assigning:
         return ""
     sentences = ["Under torch.compile:"]
     if forms:
@@ -170,4 +203,14 @@ def compiled_note(
         f"a compiled step is estimated to keep {held / plain:.2f}x of the plain step's "
         f"activations, {verdict}."
     )
+    if assigning:
+        listed = "; ".join(f"{name}: {', '.join(names)}" for name, names in assigning.items())
+        sentences.append(
+            f"{len(assigning)} module call(s) inside its checkpointed regions rebind "
+            f"attributes of their module in forward ({listed}), which dynamo refuses "
+            "inside a region: it breaks the graph there and runs the region eagerly, "
+            "keeping more than this estimate. Where that state is not needed in backward, "
+            "set torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = "
+            "True (torch 2.13 has it, 2.9 does not) before compiling."
+        )
     return " ".join(sentences)

@@ -176,6 +176,9 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+_UNSET = object()
+
+
 class _Calls:
     """Module hooks that open one record per module call and track the call tree."""
 
@@ -188,6 +191,7 @@ class _Calls:
         self.saved_by: dict[int, set[tuple[int, ...]]] = {}
         self.packs: list[tuple[int | None, Geometry]] = []
         self.saved = SavedPerCall(self.pack)  # the real forward's saved-tensor hooks
+        self.attributes: list[dict[str, Any]] = []  # each running call's module's, before
 
     def before(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         recorder = self.recorder
@@ -217,10 +221,19 @@ class _Calls:
             if index is not None:
                 record.inputs.add(index)
         recorder.stack.append(record)
+        self.attributes.append(dict(module.__dict__))
         self.saved.enter()
 
     def after(self, module: nn.Module, args: Any, output: Any) -> None:
-        self.recorder.stack.pop()
+        record = self.recorder.stack.pop()
+        before = self.attributes.pop()
+        # What the forward rebound on its module (a recurrent state kept for generation):
+        # under torch.compile, dynamo refuses that inside a checkpointed region.
+        record.assigns = tuple(
+            name
+            for name, value in module.__dict__.items()
+            if not name.startswith("_") and before.get(name, _UNSET) is not value
+        )
         self.saved.leave()
 
     def pack(self, tensor: torch.Tensor) -> None:

@@ -80,6 +80,7 @@ class ModuleProfile:
     input_order: list[int | None] = field(default_factory=list)
     input_shapes: tuple[tuple[int, ...], ...] = ()  # each tensor input's shape
     grads: tuple[bool, ...] = ()  # requires_grad of each tensor input, then each parameter
+    assigns: tuple[str, ...] = ()  # attributes its forward rebound on its module (a state)
 
 
 class _PlainBytes:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -255,3 +256,67 @@ def test_a_checkpointed_lstm_runs_outside_the_graph_within_its_estimate_exactly(
     assert meter.bytes <= plan.estimated_bytes + 0.02 * plan.plain_bytes
     got = [loss.detach(), *grads, *planned.buffers()]
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+class _Remembering(nn.Module):
+    """Keeps its last output's final position, as a recurrent layer keeps its state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.state: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.linear(x))
+        self.state = hidden[:, -1].detach()
+        return hidden
+
+
+def _remembering_case() -> Case:
+    torch.manual_seed(0)
+    blocks = [
+        nn.Sequential(_Remembering(), nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+        for _ in range(4)
+    ]
+    model = nn.Sequential(*blocks).train()
+    x = torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(1))
+    return Case(model, (x,), lambda out: out.square().mean(), 0.5)
+
+
+def test_a_module_that_keeps_a_state_in_forward_is_named_in_the_note() -> None:
+    # Dynamo refuses the assignment inside a checkpointed region and breaks the graph;
+    # the plan says so, and names torch's setting that lets dynamo trace it.
+    case = _remembering_case()
+    planned = copy.deepcopy(case.model)
+    plan = plan_checkpointing(planned, case.inputs, case.budget)
+    assert any(d == FULL for d in plan.decisions.values()), plan
+    assert "rebind attributes of their module in forward" in plan.note, plan.note
+    assert ": state" in plan.note and "skip_fwd_side_effects_in_bwd_under_checkpoint" in plan.note
+    assert not any(
+        isinstance(m.state, torch._subclasses.fake_tensor.FakeTensor)
+        for m in planned.modules()
+        if isinstance(m, _Remembering)
+    )
+    config = torch._dynamo.config
+    if not hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        pytest.skip("this torch has no skip_fwd_side_effects_in_bwd_under_checkpoint")
+    plan.apply(planned)
+    with config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+        breaks, _, expected = _compiled_step(case, case.model)
+        torch._dynamo.reset()
+        planned_breaks, saved, got = _compiled_step(case, planned)
+    assert planned_breaks == breaks
+    compiled = plan.compiled_estimated_bytes
+    assert compiled is not None and saved <= compiled + 0.02 * plan.plain_bytes, plan
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_a_plan_without_such_a_module_says_nothing_of_it() -> None:
+    case = _remembering_case()
+    for module in case.model.modules():
+        if isinstance(module, _Remembering):
+            module.forward = types.MethodType(  # type: ignore[method-assign]
+                lambda self, x: torch.tanh(self.linear(x)), module
+            )
+    plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, case.budget)
+    assert "rebind attributes" not in plan.note
