@@ -35,6 +35,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
+from _compiled_plan import MARGIN, counted_graph_breaks
 from _report import print_table, write_results
 from torch import nn
 
@@ -273,15 +274,19 @@ def _fixed_torch_seed() -> Iterator[None]:
         torch.seed = original  # type: ignore[assignment]
 
 
-def _step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The loss and every gradient of one training step, from seed 7."""
-    torch.manual_seed(7)
-    loss = model(**inputs).loss
+def _gradients(model: nn.Module, loss: torch.Tensor) -> list[torch.Tensor]:
+    """``loss`` and every gradient after its backward; the gradients then cleared."""
     loss.backward()
     grads = [loss.detach()]
     grads += [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     return grads
+
+
+def _step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The loss and every gradient of one training step, from seed 7."""
+    torch.manual_seed(7)
+    return _gradients(model, model(**inputs).loss)
 
 
 def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -293,25 +298,19 @@ def _compiled(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[int, i
     from checkpointing._measure import graph_saved_bytes
 
     torch._dynamo.reset()
-    counters = torch._dynamo.utils.counters
-    counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")
     torch.manual_seed(7)
-    out = torch.compile(model, backend="aot_eager")(**inputs)
-    breaks = sum(counters["graph_break"].values())
+    out, breaks = counted_graph_breaks(lambda: compiled(**inputs))
     exclude = [*model.parameters(), *model.buffers()]
     saved = graph_saved_bytes(out.loss, exclude, copies_of=exclude)
-    out.loss.backward()
-    grads = [out.loss.detach()]
-    grads += [torch.zeros_like(p) if p.grad is None else p.grad for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    return breaks, saved, grads
+    return breaks, saved, _gradients(model, out.loss)
 
 
 def _judge_compiled(model: nn.Module, planned: nn.Module, plan: Any, inputs: Any) -> dict[str, Any]:
     """The compiled plan against the compiled plain model: breaks, memory, exactness."""
     breaks, _, expected = _compiled(model, inputs)
     planned_breaks, saved, got = _compiled(planned, inputs)
-    limit = (plan.compiled_estimated_bytes + 0.02 * plan.plain_bytes) / plan.plain_bytes
+    limit = (plan.compiled_estimated_bytes + MARGIN * plan.plain_bytes) / plan.plain_bytes
     return {
         "graph_breaks_added": planned_breaks - breaks,
         "saved_ratio": saved / plan.plain_bytes,

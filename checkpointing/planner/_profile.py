@@ -189,7 +189,6 @@ class _Calls:
         self.children: dict[int, list[ModuleProfile]] = {}
         self.counts: Counter[str] = Counter()
         self.saved_by: dict[int, set[tuple[int, ...]]] = {}
-        self.packs: list[tuple[int | None, Geometry]] = []
         self.saved = SavedPerCall(self.pack)  # the real forward's saved-tensor hooks
         self.attributes: list[dict[str, Any]] = []  # each running call's module's, before
 
