@@ -10,10 +10,11 @@ features into seconds at given rates. A call's features:
   the new storages it returns, whether it writes to an argument, and whether it draws
   random numbers.
 
-FLOPs come from ``torch.utils.flop_counter``'s formulas but for two: a convolution's
+FLOPs come from ``torch.utils.flop_counter``'s formulas but for three: a convolution's
 backward (:func:`convolution_backward_flops`: torch's formula counts a grouped
-convolution's weight gradient ``groups`` times over) and FFTs, which it does not count
-(:func:`fft_flops`: ``5 N log2 N`` per transform of ``N`` points).
+convolution's weight gradient ``groups`` times over), FFTs (:func:`fft_flops`: ``5 N
+log2 N`` per transform of ``N`` points) and grouped matrix products
+(:func:`grouped_mm_flops`: a mixture of experts' expert layers), which it does not count.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "OpWork",
     "convolution_backward_flops",
     "fft_flops",
+    "grouped_mm_flops",
     "op_kind",
     "op_work",
 ]
@@ -43,7 +45,7 @@ __all__ = [
 #: The classes of FLOPs (:attr:`OpWork.kind`); an operator of none has ``""``.
 MATMUL, ATTENTION, CONVOLUTION, FFT = "matmul", "attention", "convolution", "fft"
 
-_MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm"})
+_MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm", "_grouped_mm"})
 _CONVOLUTION = frozenset({"convolution", "convolution_backward", "_convolution"})
 _RNN_LAYERS = frozenset({"mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell"})
 _FFT = frozenset({"_fft_r2c", "_fft_c2r", "_fft_c2c"})
@@ -138,6 +140,8 @@ def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -
         return fft_flops(func, args, kwargs, out)
     if short == "convolution_backward":
         return convolution_backward_flops(func, args, kwargs)
+    if short == "_grouped_mm":
+        return grouped_mm_flops(func, args, kwargs)
     counter = _flop_registry().get(func._overloadpacket)
     if counter is None:
         return 0
@@ -207,3 +211,21 @@ def fft_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
         return 0
     transforms = signal.numel() // points
     return round(5 * transforms * points * math.log2(points))
+
+
+def grouped_mm_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """A grouped matrix product's FLOPs (``aten._grouped_mm``): ``2 M N K`` over its groups.
+
+    The groups split one dimension between them (``offs``): the rows of a 2-D first
+    operand (the tokens routed to each expert, against that expert's weight in a 3-D
+    second operand), the columns of a 2-D second one, or, with both 2-D, the contracted
+    dimension (each group's product stacked in the output). Each row meets each column
+    of its own group once, so all the groups together count ``2 M N K`` as one product
+    of those sizes would; two 3-D operands are a batch of ``G`` such products. A mixture
+    of experts' expert layers run as this product (transformers' ``grouped_mm``), for
+    which ``flop_counter`` has no formula.
+    """
+    first = _argument(func, args, kwargs, "self")
+    second = _argument(func, args, kwargs, "mat2")
+    batched = first.shape[0] if first.dim() == 3 and second.dim() == 3 else 1
+    return int(2 * batched * first.shape[-2] * first.shape[-1] * second.shape[-1])

@@ -3,7 +3,8 @@
 A step recorded once (:func:`checkpointing.profile_step`) plans at any rates without
 running the model again, and each plan is the plan made from scratch at those rates.
 The pass is pure: pricing leaves the recorded step as it was. Grouped and depthwise
-convolutions and FFTs are counted by their formulas.
+convolutions, FFTs and grouped matrix products (a mixture of experts' expert layers) are
+counted by their formulas.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import accel
 from checkpointing import RecordedStep, plan_checkpointing, profile_step
 from checkpointing.planner import StepProfile, builtin_rates, cost
 from checkpointing.planner._pricing import op_seconds
-from checkpointing.planner._work import CONVOLUTION, FFT, OpWork, op_work
+from checkpointing.planner._work import CONVOLUTION, FFT, MATMUL, OpWork, op_work
 
 aten = torch.ops.aten
 
@@ -190,6 +191,47 @@ def test_an_fft_is_priced_by_its_flops_or_its_bytes_whichever_takes_longer() -> 
     fast_flops = dataclasses.replace(rates, matmul_flops=1e18, memory_bytes=1e3)
     moved = work.read_bytes + work.fresh_bytes
     assert op_seconds(work, fast_flops) == moved / 1e3 + rates.call_seconds
+
+
+_OFFS = torch.tensor([4, 4, 12], dtype=torch.int32)  # three groups, the second empty
+
+
+def _group_products(first: torch.Tensor, second: torch.Tensor) -> list[tuple[Any, Any]]:
+    """The plain products a grouped one stands for, group by group (``_OFFS``'s layout)."""
+    bounds = list(zip([0, *_OFFS.tolist()[:-1]], _OFFS.tolist(), strict=True))
+    if first.dim() == 3 and second.dim() == 3:
+        return [(first[g], second[g]) for g in range(first.shape[0])]
+    if first.dim() == 2 and second.dim() == 3:  # rows (tokens) split, one weight each
+        return [(first[a:b], second[g]) for g, (a, b) in enumerate(bounds)]
+    if first.dim() == 3:  # columns split
+        return [(first[g], second[:, a:b]) for g, (a, b) in enumerate(bounds)]
+    return [(first[:, a:b], second[a:b]) for a, b in bounds]  # the contracted size split
+
+
+@pytest.mark.skipif(
+    not hasattr(aten, "_grouped_mm"), reason="this torch has no aten._grouped_mm (added in 2.8)"
+)
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [((12, 8), (3, 8, 4)), ((3, 4, 8), (3, 8, 4)), ((3, 4, 8), (8, 12)), ((4, 12), (12, 8))],
+    ids=["2d-3d", "3d-3d", "3d-2d", "2d-2d"],
+)
+def test_a_grouped_matrix_product_counts_the_flops_of_its_groups_products(
+    first: tuple[int, ...], second: tuple[int, ...]
+) -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    a, b = torch.randn(first), torch.randn(second)
+    offs = None if len(first) == len(second) == 3 else _OFFS
+    out = aten._grouped_mm.default(a, b, offs=offs)
+    work = op_work(aten._grouped_mm.default, (a, b), {"offs": offs}, out, 0)
+    with FlopCounterMode(display=False) as counter:
+        products = [torch.mm(x, y) for x, y in _group_products(a, b)]
+    # The groups are the ones the kernel computes: stacked, or joined along what is split.
+    joined = torch.stack(products) if out.dim() == 3 else torch.cat(products, 3 - b.dim())
+    torch.testing.assert_close(out, joined)
+    assert work.kind == MATMUL
+    assert work.flops == counter.get_total_flops() > 0
 
 
 def test_a_view_moves_nothing_and_costs_the_call_alone() -> None:
