@@ -35,6 +35,7 @@ __all__ = [
     "current_saved_tensors_hooks",
     "default_communication_backend",
     "graph_exec_group",
+    "grouped_mm_fake_output",
     "keep_selective_cache_outside_hooks",
     "missing_use_reentrant_warning",
     "pin_memory",
@@ -457,3 +458,32 @@ def post_accumulate_hooks_run_without_gradient() -> bool:
         output = _HandsOnNothing.apply(leaf)  # type: ignore[no-untyped-call]
         output.sum().backward()
     return bool(fired)
+
+
+# aten._grouped_mm (a mixture of experts' expert layers in transformers 5): the CPU
+# kernel multiplies float32, but the fake kernel of torch 2.9.1 and 2.13.0 refuses
+# anything but bfloat16 ("Expected inputs of BF16 type"), so a fake step of a float32
+# model fails where its real step runs. torch 2.15.0's fake kernel takes float32.
+def grouped_mm_fake_output(
+    first: torch.Tensor,
+    second: torch.Tensor,
+    offs: torch.Tensor | None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """An empty tensor shaped and laid out as ``aten._grouped_mm``'s output.
+
+    For fake inputs, where this release's fake kernel refuses their dtype. The groups
+    split the rows of a 2-D first operand (against a 3-D second), the columns of a 2-D
+    second one (against a 3-D first), or, with both 2-D, the contracted dimension, and
+    stack their products in a new first dimension; two 3-D operands are a batch. The
+    output is contiguous, as the CPU kernel writes it.
+    """
+    columns = second.shape[-1]
+    if first.dim() == 2 and second.dim() == 2:
+        groups = 1 if offs is None else offs.shape[0]
+        shape: tuple[int, ...] = (groups, first.shape[0], columns)
+    elif first.dim() == 3 and second.dim() == 3:
+        shape = (first.shape[0], first.shape[1], columns)
+    else:
+        shape = (first.shape[-2], columns)
+    return first.new_empty(shape, dtype=out_dtype or first.dtype)

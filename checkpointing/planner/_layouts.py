@@ -15,17 +15,24 @@ transposed tensor in the profile and a contiguous one in the real step.
 
 :class:`DeviceLayouts` is a dispatch mode that runs under the profile's recorder and
 above the fake-tensor mode: it gives the outputs of such operators the layout the
-device's kernel gives them. Only what is known to differ is corrected; the saved-tensor
-wrapper checks every saved tensor and recomputation against the plan on its first real
-call (:mod:`checkpointing._saved_verify`), which catches any other difference.
+device's kernel gives them. It also makes the outputs of a grouped matrix product
+(``aten._grouped_mm``, transformers' mixture-of-experts experts) in float32, which the
+device's kernel computes and some releases' fake kernel refuses
+(:func:`accel._compat.grouped_mm_fake_output`). Only what is known to differ is
+corrected; the saved-tensor wrapper checks every saved tensor and recomputation against
+the plan on its first real call (:mod:`checkpointing._saved_verify`), which catches any
+other difference.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from accel._compat import grouped_mm_fake_output
 
 __all__ = ["DeviceLayouts"]
 
@@ -40,6 +47,9 @@ _BATCH_NORMS = frozenset(
         "aten::_batch_norm_no_update",
     }
 )
+
+
+_GROUPED_MM = "aten::_grouped_mm"
 
 
 def _channels_last_order(tensor: torch.Tensor) -> bool:
@@ -64,8 +74,10 @@ class DeviceLayouts(TorchDispatchMode):
     """Gives operator outputs the strides the device's kernels give them (module docstring)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
         schema = getattr(func, "_schema", None)
+        if schema is not None and schema.name == _GROUPED_MM:
+            return _grouped_mm_of(func, args, kwargs or {})
+        out = func(*args, **(kwargs or {}))
         if schema is None or schema.name not in _BATCH_NORMS:
             return out
         source = args[0]
@@ -81,3 +93,38 @@ class DeviceLayouts(TorchDispatchMode):
             first.shape, dtype=first.dtype, device=first.device, memory_format=fmt
         )
         return (laid_out, *out[1:])
+
+
+def _grouped_mm_of(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    """The fake kernel's output, else, where it refuses the inputs, the device's shape."""
+    # The fake-tensor mode logs a refused call with its traceback before raising.
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError:
+        return _grouped_mm(*args, **kwargs)
+    finally:
+        logger.setLevel(level)
+
+
+def _grouped_mm(
+    first: torch.Tensor,
+    second: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """A grouped product's output where the fake kernel refused the inputs' dtype.
+
+    Only for inputs the device's kernel takes: matching floating dtypes, a 2-D or 3-D
+    operand each. Anything else is re-raised by the fake kernel's own check.
+    """
+    if first.dtype != second.dtype or not first.is_floating_point() or bias is not None:
+        raise RuntimeError(
+            "checkpointing: the fake step cannot run aten._grouped_mm on "
+            f"{first.dtype} x {second.dtype} inputs; the profile needs the device to "
+            "take them."
+        )
+    return grouped_mm_fake_output(first, second, offs, out_dtype)

@@ -8,6 +8,11 @@ step than in the profile: its first real step raised, or its gradients silently
 differed from the plain model's. The profile now lays such outputs out as the kernel
 does; and the saved-tensor wrapper checks its first real call against the plan, and
 checkpoints a module whole (exact, with one warning) where the device does otherwise.
+
+A grouped matrix product (``aten._grouped_mm``, how transformers 5 runs a mixture of
+experts' experts) in float32 runs on the CPU, but the fake kernel of torch 2.9 to 2.13
+refuses it, so such a model was profiled on real tensors, its backward guessed. The
+profile now shapes that product's output as the kernel does.
 """
 
 from __future__ import annotations
@@ -243,3 +248,86 @@ def test_transformers_time_series_models_with_batch_norm(family: Any) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="checkpointing")
         _assert_exact(model, reference, inputs)
+
+
+_GROUPED = pytest.mark.skipif(
+    not hasattr(torch.ops.aten, "_grouped_mm"),
+    reason="this torch has no aten._grouped_mm (added in 2.8)",
+)
+_OFFS = [4, 4, 12]  # three groups, the second empty
+
+
+@_GROUPED
+@pytest.mark.parametrize(
+    ("first", "second", "offs"),
+    [
+        ((12, 8), (3, 8, 4), _OFFS),
+        ((3, 4, 8), (3, 8, 4), None),
+        ((3, 4, 8), (8, 12), _OFFS),
+        ((4, 12), (12, 8), _OFFS),
+    ],
+    ids=["2d-3d", "3d-3d", "3d-2d", "2d-2d"],
+)
+def test_a_float32_grouped_product_is_shaped_as_the_cpu_kernel_shapes_it(
+    first: tuple[int, ...], second: tuple[int, ...], offs: list[int] | None
+) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tensors = [torch.randn(first), torch.randn(second)]
+    if offs is not None:
+        tensors.append(torch.tensor(offs, dtype=torch.int32))
+    real = torch.ops.aten._grouped_mm.default(*tensors)
+    mode = FakeTensorMode()
+    with mode:
+        fakes = [mode.from_tensor(t) for t in tensors]
+    with mode, DeviceLayouts():
+        fake = torch.ops.aten._grouped_mm.default(*fakes)
+    assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
+
+
+@_GROUPED
+def test_a_grouped_product_of_mixed_dtypes_is_refused_in_the_fake_step() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        first, second = torch.randn(8, 8), torch.randn(2, 8, 4, dtype=torch.float64)
+        offs = torch.tensor([4, 8], dtype=torch.int32)
+    with mode, DeviceLayouts(), pytest.raises(RuntimeError, match="_grouped_mm"):
+        torch.ops.aten._grouped_mm.default(first, second, offs)
+
+
+class Experts(nn.Module):
+    """A mixture of experts as transformers 5 runs it: tokens sorted by their expert,
+    each expert's rows multiplied by its weight in one grouped product."""
+
+    def __init__(self, experts: int = 4) -> None:
+        super().__init__()
+        self.experts = experts
+        self.gate = nn.Linear(WIDTH, experts, bias=False)
+        self.up = nn.Parameter(torch.randn(experts, WIDTH, 2 * WIDTH) / 4)
+        self.down = nn.Parameter(torch.randn(experts, 2 * WIDTH, WIDTH) / 4)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, WIDTH)
+        weights, chosen = self.gate(tokens).softmax(-1).max(-1)
+        order = chosen.argsort(stable=True)
+        counts = torch.histc(chosen.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offs = counts.cumsum(0).to(torch.int32)
+        up = torch._grouped_mm(tokens[order], self.up, offs=offs)
+        routed = torch._grouped_mm(self.drop(F.gelu(up)), self.down, offs=offs)
+        out = torch.empty_like(routed).index_copy(0, order, routed) * weights[:, None]
+        return x + out.reshape(x.shape)
+
+
+@_GROUPED
+def test_a_float32_mixture_of_experts_plans_on_fake_tensors_and_trains_exactly() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Experts() for _ in range(BLOCKS)), nn.Linear(WIDTH, 1)).train()
+    reference = copy.deepcopy(model)
+    inputs = (torch.randn(BATCH, 8, WIDTH, generator=torch.Generator().manual_seed(1)),)
+    plan = _plan(model, inputs)  # asserts the profile ran on fake tensors
+    assert plan.decisions  # something is recomputed at 0.5
+    plan.apply(model)
+    _assert_exact(model, reference, inputs)
