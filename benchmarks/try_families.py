@@ -158,6 +158,9 @@ def try_family(name: str, budget: float, compiled: bool = False) -> dict[str, An
         "estimated_ratio": plan.estimated_bytes / plan.plain_bytes,
         "over_budget": report.over_budget,
         "decisions": sorted(set(plan.decisions.values())),
+        # Where the fake step could not run the model: the plan's note says why.
+        "profiled_on_real_tensors": plan.note.startswith("Profiled on real tensors"),
+        "note": plan.note,
         "seeded_by_torch_seed_fixed": name in RESEEDING,
         # The planner's own (a decoder's KV cache switched off), once each.
         "warnings": sorted({str(w.message) for w in caught if "checkpointing" in str(w.message)}),
@@ -231,6 +234,10 @@ def main() -> None:
                 if not r["error"]
             ],
         )
+    real = sorted({r["family"] for r in tried if r.get("profiled_on_real_tensors")})
+    print(
+        f"profiled on real tensors (the fake step could not run them): {', '.join(real) or 'none'}"
+    )
     failed = [r for r in tried if r["error"] or not (r["exact"] and r["exact_again"])]
     print(f"{len(tried) - len(failed)} of {len(tried)} plans exact, without an error", end="")
     print(f"; {len(found) - len(tried)} skipped (a library not installed)")
