@@ -12,6 +12,7 @@ transformers DiT, PixArt, SD3 (joint attention) and Flux (rotary embeddings).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,17 +28,22 @@ _VIT = {
     "num_attention_heads": 2,
     "hidden_dropout_prob": 0.1,
 }
-_STEPS = torch.tensor([3, 7])
 
 
-def _diffusers(model: str, inputs: dict[str, Any], **settings: Any) -> Builder:
+def _diffusers(model: str, inputs: Callable[[], dict[str, Any]], **settings: Any) -> Builder:
+    """A diffusers model, its inputs made when it is built (nothing at import)."""
+
     def build() -> Tried:
         import diffusers
 
         built = getattr(diffusers, model)(**settings)
-        return Tried(built, inputs, sample_loss, package="diffusers")
+        return Tried(built, inputs(), sample_loss, package="diffusers")
 
     return build
+
+
+def _steps() -> torch.Tensor:
+    return torch.tensor([3, 7])
 
 
 def _text(seed: int) -> torch.Tensor:
@@ -174,9 +180,9 @@ VISION: dict[str, Builder] = {
     ),
     "unet_text": _diffusers(
         "UNet2DConditionModel",
-        {
+        lambda: {
             "sample": generated(1, BATCH, 4, 16, 16),
-            "timestep": _STEPS,
+            "timestep": _steps(),
             "encoder_hidden_states": _text(2),
         },
         sample_size=16,
@@ -192,7 +198,7 @@ VISION: dict[str, Builder] = {
     ),
     "autoencoder_kl": _diffusers(
         "AutoencoderKL",
-        {"sample": generated(1, BATCH, 3, 16, 16), "sample_posterior": True},
+        lambda: {"sample": generated(1, BATCH, 3, 16, 16), "sample_posterior": True},
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"),
         block_out_channels=(16, 32),
@@ -202,9 +208,9 @@ VISION: dict[str, Builder] = {
     ),
     "dit": _diffusers(
         "DiTTransformer2DModel",
-        {
+        lambda: {
             "hidden_states": generated(1, BATCH, 4, 8, 8),
-            "timestep": _STEPS,
+            "timestep": _steps(),
             "class_labels": torch.tensor([1, 2]),
         },
         num_attention_heads=2,
@@ -218,9 +224,9 @@ VISION: dict[str, Builder] = {
     ),
     "pixart": _diffusers(
         "PixArtTransformer2DModel",
-        {
+        lambda: {
             "hidden_states": generated(1, BATCH, 4, 8, 8),
-            "timestep": _STEPS,
+            "timestep": _steps(),
             "encoder_hidden_states": _text(2),
             "added_cond_kwargs": {"resolution": None, "aspect_ratio": None},
         },
@@ -237,9 +243,9 @@ VISION: dict[str, Builder] = {
     ),
     "sd3": _diffusers(
         "SD3Transformer2DModel",
-        {
+        lambda: {
             "hidden_states": generated(1, BATCH, 4, 8, 8),
-            "timestep": _STEPS,
+            "timestep": _steps(),
             "encoder_hidden_states": _text(2),
             "pooled_projections": generated(3, BATCH, 8),
         },
@@ -257,7 +263,7 @@ VISION: dict[str, Builder] = {
     ),
     "flux": _diffusers(
         "FluxTransformer2DModel",
-        {
+        lambda: {
             "hidden_states": generated(1, BATCH, 16, 16),
             "timestep": torch.tensor([0.3, 0.7]),
             "encoder_hidden_states": _text(2),

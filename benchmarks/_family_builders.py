@@ -55,30 +55,35 @@ def token_ids() -> torch.Tensor:
     return torch.randint(3, VOCAB, (BATCH, TOKENS), generator=torch.Generator().manual_seed(1))
 
 
-def text_family(config: str, model: str, seq2seq: bool = False, **sizes: Any) -> Builder:
-    """A transformers text model trained on its own language-modelling loss."""
+def _transformers(
+    config: str, model: str, inputs: Callable[[], dict[str, Any]], **settings: Any
+) -> Builder:
+    """A transformers model from its config class, trained on its own loss (``labels``)."""
 
     def build() -> Tried:
         import transformers
 
-        settings = getattr(transformers, config)(vocab_size=VOCAB, **sizes)
-        ids = token_ids()
-        labels = ids.flip(1) if seq2seq else ids
-        built = getattr(transformers, model)(settings)
-        return Tried(built, {"input_ids": ids, "labels": labels}, _own_loss)
+        built = getattr(transformers, model)(getattr(transformers, config)(**settings))
+        return Tried(built, inputs(), _own_loss)
 
     return build
+
+
+def text_family(config: str, model: str, seq2seq: bool = False, **sizes: Any) -> Builder:
+    """A transformers text model trained on its own language-modelling loss."""
+
+    def inputs() -> dict[str, Any]:
+        ids = token_ids()
+        return {"input_ids": ids, "labels": ids.flip(1) if seq2seq else ids}
+
+    return _transformers(config, model, inputs, vocab_size=VOCAB, **sizes)
 
 
 def image_family(config: str, model: str, **sizes: Any) -> Builder:
     """A transformers image classifier trained on its own loss (``labels``)."""
 
-    def build() -> Tried:
-        import transformers
+    def inputs() -> dict[str, Any]:
+        pixels = generated(1, BATCH, 3, IMAGE, IMAGE)
+        return {"pixel_values": pixels, "labels": torch.arange(BATCH) % CLASSES}
 
-        settings = getattr(transformers, config)(num_labels=CLASSES, **sizes)
-        inputs = {"pixel_values": generated(1, BATCH, 3, IMAGE, IMAGE)}
-        inputs["labels"] = torch.arange(BATCH) % CLASSES
-        return Tried(getattr(transformers, model)(settings), inputs, _own_loss)
-
-    return build
+    return _transformers(config, model, inputs, num_labels=CLASSES, **sizes)

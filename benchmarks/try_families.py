@@ -46,6 +46,8 @@ from torch import nn
 
 BUDGETS = (0.5, 0.25)
 FAMILIES: dict[str, Builder] = {**TEXT, **VISION}
+#: What ``--family`` takes besides names; each group's results file is named after it.
+GROUPS: dict[str, list[str]] = {"all": list(FAMILIES), "text": list(TEXT), "vision": list(VISION)}
 
 #: Families whose forward reseeds torch's generator from the OS (``torch.seed()``).
 RESEEDING = ("reformer",)
@@ -188,8 +190,7 @@ def _cell(r: dict[str, Any]) -> str:
 
 
 def _names(chosen: str) -> list[str]:
-    groups = {"all": list(FAMILIES), "text": list(TEXT), "vision": list(VISION)}
-    names = groups.get(chosen) or chosen.split(",")
+    names = GROUPS.get(chosen) or chosen.split(",")
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         raise SystemExit(
@@ -241,7 +242,7 @@ def main() -> None:
     failed = [r for r in tried if r["error"] or not (r["exact"] and r["exact_again"])]
     print(f"{len(tried) - len(failed)} of {len(tried)} plans exact, without an error", end="")
     print(f"; {len(found) - len(tried)} skipped (a library not installed)")
-    chosen = args.family if args.family in ("all", "text", "vision") else "chosen"
+    chosen = args.family if args.family in GROUPS else "chosen"
     name = "try-families" + ("" if chosen == "all" else f"-{chosen}")
     path = write_results(
         name + ("-compiled" if args.compile else ""),

@@ -118,8 +118,8 @@ def _grouped_mm(
 ) -> torch.Tensor:
     """A grouped product's output where the fake kernel refused the inputs' dtype.
 
-    Only for inputs the device's kernel takes: matching floating dtypes, a 2-D or 3-D
-    operand each. Anything else is re-raised by the fake kernel's own check.
+    Only for inputs the device's kernel takes (matching floating dtypes, no bias);
+    anything else is refused with a sentence naming the dtypes.
     """
     if first.dtype != second.dtype or not first.is_floating_point() or bias is not None:
         raise RuntimeError(
