@@ -31,6 +31,7 @@ transformer-shaped families), exact; :func:`summary_at_half` gives the 0.5 row's
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,12 +46,14 @@ __all__ = [
     "TARGET_BYTES",
     "TARGET_TIME",
     "TARGET_TRANSFORMER",
+    "WITHIN",
     "at_memory",
     "budget_order",
     "count_dominated",
     "count_looser_slower",
     "dominance",
     "is_plan",
+    "median_interval",
     "noise",
     "print_dominance",
     "summary_at_half",
@@ -67,6 +70,10 @@ RULES = ("torch selective", "torchtitan op rule")
 TARGET_BYTES, TARGET_TIME, TARGET_TRANSFORMER = 0.5, 1.20, 1.15
 #: The suffix of a variant timed a second time, for the noise.
 AGAIN = " again"
+#: The half-width a row's 95% interval needs before the bench stops taking rounds.
+WITHIN = 0.04
+#: The normal quantile of a two-sided 95% interval.
+_Z95 = 1.959964
 #: So that ratios exactly ``margin`` apart (1.09 - 1.06 in floats) do not count as more.
 _ROUNDING = 1e-9
 
@@ -86,20 +93,50 @@ def _ratio(times: Sequence[float], reference: Sequence[float]) -> float:
     return statistics.median(a / b for a, b in zip(times, reference, strict=True))
 
 
-def noise(times: Mapping[str, Sequence[float]], repeated: str | None) -> dict[str, Any]:
-    """The run's noise from the variants timed twice in the same rounds.
+def median_interval(ratios: Sequence[float]) -> tuple[float, float]:
+    """A distribution-free 95% interval for the median of ``ratios``.
+
+    Independent rounds put the median between the order statistics of (1-based) ranks
+    ``floor((n - 1.96 sqrt(n)) / 2)`` and ``ceil(1 + (n + 1.96 sqrt(n)) / 2)`` with a
+    chance of about 95%, whatever the distribution of a round's ratio (the binomial
+    count of rounds under the median). Ranks outside ``1..n`` are clamped: with fewer
+    than about ten rounds the interval is the whole range, and wider than 95%.
+
+    Args:
+        ratios: One ratio per round; at least one.
+
+    Returns:
+        The interval's low and high ends.
+    """
+    if not ratios:
+        raise ValueError("median_interval needs at least one ratio; got none.")
+    ordered = sorted(ratios)
+    n = len(ordered)
+    spread = _Z95 * math.sqrt(n)
+    low = max(1, math.floor((n - spread) / 2))
+    high = min(n, math.ceil(1 + (n + spread) / 2))
+    return ordered[low - 1], ordered[high - 1]
+
+
+def noise(
+    times: Mapping[str, Sequence[float]], repeated: str | None, within: float = WITHIN
+) -> dict[str, Any]:
+    """The run's noise from the variants timed twice, and each row's interval.
 
     Args:
         times: Seconds per round by variant; ``plain`` and ``plain again`` are needed,
             ``repeated`` and ``repeated + AGAIN`` where ``repeated`` is given.
         repeated: The plan timed twice (``"budget 0.5"``), or ``None`` where it has no
             plan (then only the plain pair counts).
+        within: The half-width every row's interval needs (:data:`WITHIN`).
 
     Returns:
         ``plain_vs_plain`` (|plain again / plain - 1|, medians of per-round ratios),
         ``plan_vs_plan`` (the difference of the two copies' ratios to plain, or
-        ``None``), ``noise`` (the larger), ``rounds`` and ``agreed`` (both within
-        :data:`AGREEMENT`).
+        ``None``), ``noise`` (the larger), ``intervals`` (each variant's
+        :func:`median_interval` of its ratios to plain), ``widest`` (the largest
+        half-width, and its variant), ``rounds`` and ``agreed``: both pairs within
+        :data:`AGREEMENT` and every half-width within ``within``.
     """
     plain = times["plain"]
     plain_pair = abs(_ratio(times["plain" + AGAIN], plain) - 1.0)
@@ -107,13 +144,22 @@ def noise(times: Mapping[str, Sequence[float]], repeated: str | None) -> dict[st
     if repeated is not None and repeated in times and repeated + AGAIN in times:
         plan_pair = abs(_ratio(times[repeated], plain) - _ratio(times[repeated + AGAIN], plain))
     largest = max(plain_pair, plan_pair or 0.0)
+    intervals = {
+        name: median_interval([a / b for a, b in zip(series, plain, strict=True)])
+        for name, series in times.items()
+        if name != "plain"
+    }
+    widest = max(intervals, key=lambda name: intervals[name][1] - intervals[name][0])
+    half_width = (intervals[widest][1] - intervals[widest][0]) / 2
     return {
         "plain_vs_plain": plain_pair,
         "plan_vs_plan": plan_pair,
         "plan_repeated": repeated if plan_pair is not None else None,
         "noise": largest,
+        "intervals": {name: list(ends) for name, ends in intervals.items()},
+        "widest": {"variant": widest, "half_width": half_width, "within": within},
         "rounds": len(plain),
-        "agreed": largest <= AGREEMENT,
+        "agreed": largest <= AGREEMENT and half_width <= within + _ROUNDING,
         "within": AGREEMENT,
     }
 
@@ -238,13 +284,17 @@ def count_looser_slower(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def summary_at_half(
-    half: dict[str, Any] | None, limit: float, full_ratio: float, run_noise: dict[str, Any]
+    half: dict[str, Any] | None,
+    limit: float,
+    full_ratio: float | None,
+    run_noise: dict[str, Any],
 ) -> dict[str, Any] | None:
     """The budget-0.5 row's summary: memory, measured and estimated time, the targets.
 
     ``None`` where the planner gave no plan at 0.5. ``met`` is the time target (``limit``),
-    the budget plus 2% and exactness together; ``not_slower_than_full`` is reported apart;
-    ``noise`` is the run's (:func:`noise`).
+    the budget plus 2% and exactness together; ``not_slower_than_full`` is reported apart
+    (``None`` where ``full`` was not timed: ``--rows targets``); ``noise`` is the run's
+    (:func:`noise`), ``interval`` the row's.
     """
     if half is None:
         return None
@@ -257,13 +307,14 @@ def summary_at_half(
         "estimate": half["estimate"],
         "estimate_error": half["estimate_error"],
         "noise": run_noise["noise"],
+        "interval": half.get("interval"),
         "time_target": limit,
         "time_met": time_met,
         "fits": fits,
         "exact": exact,
         "bit_equal": half.get("bit_equal"),
         "grad_difference": half.get("grad_difference"),
-        "not_slower_than_full": half["measured"] <= full_ratio,
+        "not_slower_than_full": None if full_ratio is None else half["measured"] <= full_ratio,
         "met": time_met and fits and exact,
     }
 

@@ -30,6 +30,11 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _interval(ends: list[float] | None) -> str:
+    """A row's 95% interval, as ``[1.14, 1.22]``; nothing for a file written before it."""
+    return "" if ends is None else f"[{ends[0]:.2f}, {ends[1]:.2f}]"
+
+
 def print_case(result: dict[str, Any]) -> None:
     print(f"\n{result['model']}: activation memory against step time (ratios to plain)")
     rows = []
@@ -46,7 +51,7 @@ def print_case(result: dict[str, Any]) -> None:
                 f"{row['activation_bytes'] / 2**20:.1f} MiB",
                 f"{row['bytes_ratio']:.2f}x",
                 f"{row['step_seconds'] * 1e3:.1f} ms",
-                f"{row['measured']:.2f}x",
+                f"{row['measured']:.2f}x {_interval(row.get('interval'))}",
                 _ratio(row["estimate"]),
                 "-" if error is None else f"{error:.2f}",
                 exact,
@@ -61,8 +66,10 @@ def print_case(result: dict[str, Any]) -> None:
     pair = "-" if found["plan_vs_plan"] is None else f"{found['plan_vs_plan']:.3f}"
     print(
         f"noise over {found['rounds']} rounds: plain against plain "
-        f"{found['plain_vs_plain']:.3f}, plan against plan {pair} (agree within "
-        f"{found['within']}: {'yes' if found['agreed'] else 'NO'})"
+        f"{found['plain_vs_plain']:.3f}, plan against plan {pair}; widest 95% interval "
+        f"+-{found['widest']['half_width']:.3f} ({found['widest']['variant']}); agreed "
+        f"(pairs within {found['within']}, intervals within +-{found['widest']['within']}): "
+        f"{'yes' if found['agreed'] else 'NO'}"
     )
     print(
         f"target at budget 0.5 (<= {TARGET_BYTES}x memory, <= {result['time_target']}x time, "
@@ -99,7 +106,7 @@ def print_summary(results: list[dict[str, Any]]) -> None:
             (
                 result["model"],
                 f"{summary['bytes_ratio']:.2f}x",
-                f"{summary['measured']:.2f}x",
+                f"{summary['measured']:.2f}x {_interval(summary.get('interval'))}",
                 _ratio(summary["estimate"]),
                 f"{summary['estimate_error']:.2f}",
                 f"{summary['noise']:.2f}",

@@ -2,8 +2,9 @@
 
 The figures a run measures go through ``benchmarks/_budget_checks.py``; here they are
 made up, so that each verdict is known: a rule dominates a plan only when it keeps no
-more memory and is faster by more than 0.03, and the noise is the larger of plain
-against plain and one plan against itself.
+more memory and is faster by more than 0.03, the noise is the larger of plain
+against plain and one plan against itself, and each row's 95% interval holds the median
+of its per-round ratios as often as it says.
 """
 
 from __future__ import annotations
@@ -132,6 +133,64 @@ def test_the_bench_takes_rounds_until_the_pairs_agree(monkeypatch: pytest.Monkey
     assert capped["rounds"] == 3 and not capped["agreed"]
 
 
+def test_the_median_interval_is_the_order_statistics_the_binomial_gives() -> None:
+    import random
+
+    from _budget_checks import median_interval
+
+    ratios = [float(rank) for rank in range(1, 101)]
+    random.Random(0).shuffle(ratios)
+    # n = 100: ranks floor((100 - 19.6) / 2) = 40 and ceil(1 + (100 + 19.6) / 2) = 61.
+    assert median_interval(ratios) == (40.0, 61.0)
+    # Too few rounds for 95%: the whole range, never a narrower interval than earned.
+    assert median_interval([1.3, 1.1, 1.2, 1.0]) == (1.0, 1.3)
+    assert median_interval([1.2]) == (1.2, 1.2)
+    with pytest.raises(ValueError, match="needs at least one ratio"):
+        median_interval([])
+
+
+def test_the_median_interval_holds_the_median_about_95_percent_of_the_time() -> None:
+    import math
+    import random
+
+    from _budget_checks import median_interval
+
+    # Skewed rounds, as a shared host's are: exponential, whose median is ln 2.
+    draw = random.Random(1)
+    held = 0
+    for _ in range(2000):
+        low, high = median_interval([draw.expovariate(1.0) for _ in range(40)])
+        held += low <= math.log(2) <= high
+    assert 0.93 <= held / 2000 <= 0.99
+
+
+def test_the_bench_takes_rounds_until_every_interval_is_narrow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bench_budget
+
+    # Plain against plain agrees from the first round, but the plan's rounds swing by
+    # 0.5: the pairs alone would stop at once.
+    calls = {"plain": 0, "plain again": 0, "budget 0.5": 0}
+
+    def step(case: object, model: str, backend: object) -> float:
+        calls[model] += 1
+        return 1.0 + 0.5 * (model == "budget 0.5" and calls[model] % 2 == 0)
+
+    monkeypatch.setattr(bench_budget, "step", step)
+    models: dict[str, Any] = {name: name for name in calls}
+    args = bench_budget.parse_args(["--steps", "2", "--max-steps", "30", "--warmup", "0"])
+    _, _, found = bench_budget._time_rounds(None, models, list(models), None, args)
+    assert found["noise"] == 0 and not found["agreed"] and found["rounds"] == 30
+    assert found["widest"]["variant"] == "budget 0.5"
+    assert found["widest"]["half_width"] == pytest.approx(0.25)
+    # Wider allowed: the same rounds stop at --steps.
+    args = bench_budget.parse_args(["--steps", "2", "--max-steps", "30", "--within", "0.3"])
+    args.warmup = 0
+    _, _, loose = bench_budget._time_rounds(None, models, list(models), None, args)
+    assert loose["agreed"] and loose["rounds"] == 2
+
+
 def _rates_file(tmp_path: Path, runs: dict[str, dict[str, Any]]) -> Path:
     import json
 
@@ -240,3 +299,26 @@ def test_a_compiled_plan_is_judged_against_its_compiled_estimate() -> None:
     assert not judge({"compiled": plain, "compiled, plan 0.5": over})["met"]
     broken = {**planned, "graph_breaks": 1}
     assert not judge({"compiled": plain, "compiled, plan 0.5": broken})["met"]
+
+
+def test_the_targets_rows_time_plain_twice_and_the_three_budgets_only() -> None:
+    import bench_budget
+
+    import accel
+
+    args = bench_budget.parse_args(
+        ["--size", "small", "--rows", "targets", "--warmup", "0", "--steps", "1"]
+    )
+    args.max_steps = 1
+    result = bench_budget.run_case("custom", accel.get_backend("cpu"), args)
+    rows = result["variants"]
+    assert list(rows) == ["plain", "plain again", "budget 0.75", "budget 0.5", "budget 0.25"]
+    assert result["unavailable"] == {} and result["dominance"]["rules"] == {}
+    # One round: each interval is that round's ratio, plain's is 1.
+    assert rows["plain"]["interval"] == [1.0, 1.0]
+    for row in rows.values():
+        low, high = row["interval"]
+        assert low == high == pytest.approx(row["measured"]) and row["exact"]
+    summary = result["summary_at_half"]
+    assert summary is not None and summary["not_slower_than_full"] is None
+    assert summary["interval"] == rows["budget 0.5"]["interval"]

@@ -603,7 +603,14 @@ def test_bench_budget_runs_a_family_at_a_chosen_size_with_the_cpu_exactness_rule
     import accel
 
     args = argparse.Namespace(
-        size="small", compile=False, warmup=0, steps=1, max_steps=1, out_of_sample=None
+        size="small",
+        compile=False,
+        warmup=0,
+        steps=1,
+        max_steps=1,
+        within=0.04,
+        rows="all",
+        out_of_sample=None,
     )
     result = bench_budget.run_case("qwen2", accel.get_backend("cpu"), args)
     assert result["size"] == "small" and result["size_note"] is None
