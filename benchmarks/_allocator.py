@@ -9,7 +9,9 @@ thread, quiet, 2026-11-29) GPT-2's and ViT's plain steps took 1,600 to 3,600 min
 faults each, and from 0 to 11,000 from one GPT-2 step to the next; held, 0 to 110. ViT's
 step took 394 to 456 ms with them and 295 to 390 ms without. They are not what makes
 identical copies of one model, timed in the same rounds, differ: by 0.09 to 0.15 of a
-step with glibc's thresholds and 0.05 to 0.17 held, in two runs of six copies each.
+step with glibc's thresholds and 0.05 to 0.17 held, in two runs of six copies each of
+a few rounds. That was the rounds' noise: six copies of ConvNeXt, timed in 120 rounds,
+agree within 0.007 (``_budget_checks.median_interval``).
 
 :func:`hold_freed_memory` fixes both thresholds (``mallopt``) so that freed memory stays
 in the process and is reused: what PyTorch's CPU performance guide gets by preloading

@@ -127,7 +127,8 @@ Out of sample (``--out-of-sample benchmarks/results/rates-cpu-<date>.json``): th
 built-in CPU rates are medians over ``bench_rates.py``'s runs, one per zoo family, so a
 family's estimate is in sample. With this option each family is planned with those
 runs combined without its own (``_rates_runs.left_out``), and its ``rates`` in the JSON
-say so (``out_of_sample``, ``source``).
+say so (``out_of_sample``, ``source``). A family the file has no run of (Mixtral, the
+UNet) is priced with all of them, which are out of sample for it already.
 
 ``--rows targets`` times only ``plain``, ``plain again`` and the three budgets: what the
 estimates, the time targets at 0.5 and the budget order are judged on, at under half

@@ -9,6 +9,7 @@ what every forward under a plan reads, worked out once per wrapper.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 import torch
@@ -66,6 +67,13 @@ class PlanIndex:
             for steps in plan.recipes.values()
             for step in steps
         }
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PlanIndex:
+        # Worked out again from the copied plan: ``flat`` is keyed by its steps' ids,
+        # which a copy changes (a deep-copied planned model, an EMA copy, failed its
+        # first backward), and its flattened structures are pytree specs, whose copying
+        # torch 2.13 deprecates with a warning.
+        return PlanIndex(copy.deepcopy(self.plan, memo))
 
 
 class SavedRun:

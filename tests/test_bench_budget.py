@@ -234,12 +234,15 @@ def test_out_of_sample_rates_are_the_medians_without_the_familys_own_run(
     }
 
 
-def test_out_of_sample_refuses_a_family_without_a_run_and_another_file(tmp_path: Path) -> None:
+def test_out_of_sample_takes_every_run_for_a_family_without_one_and_refuses_another_file(
+    tmp_path: Path,
+) -> None:
     from _rates_runs import left_out
 
-    path = _rates_file(tmp_path, {"plain 0": _run(1.0)})
-    with pytest.raises(SystemExit, match="no calibration run of 'gpt2'"):
-        left_out(path, "gpt2")
+    # No run of gpt2: every run is out of sample for it, and the source says why.
+    path = _rates_file(tmp_path, {"plain 0": _run(1.0), "plain 1": _run(3.0)})
+    rates = left_out(path, "gpt2")
+    assert rates.matmul_flops == 2.0 and rates.source.endswith("which has no run of gpt2")
     other = tmp_path / "budget.json"
     other.write_text('{"benchmark": "budget", "models": []}')
     with pytest.raises(SystemExit, match="not a results file of benchmarks/bench_rates"):

@@ -32,6 +32,10 @@ COPY_BYTES = 25e9
 #: The saved-tensor grain's cost per replayed call, where nothing was measured: what the
 #: host measured (``benchmarks/bench_rates.py``, 2026-11-28), an eager call's Python.
 REPLAY_SECONDS = 1e-4
+#: What a checkpointed module call costs beyond recomputing its forward, for rates that
+#: do not say (written before ``region_seconds`` was added, or built without it): none,
+#: so that they price a plan as they did when they were written.
+REGION_SECONDS = 0.0
 
 #: Packed mask bytes per second where nothing was measured: that host's.
 PACK_BYTES = 9.5e8
@@ -66,6 +70,11 @@ class DeviceRates:
         pack_bytes: A dropout mask's float bytes per second that the grain packs into
             booleans and rebuilds in backward. Rates written before this field was
             added read as :data:`PACK_BYTES`.
+        region_seconds: What one checkpointed module call (whole, or with a selective
+            policy) costs beyond recomputing its operators: the checkpoint's own
+            machinery in the forward and in backward (frames and hooks, the unpack that
+            starts the recomputation, the generator states kept and restored). Rates
+            written before this field was added read as :data:`REGION_SECONDS` (0).
         operator_bytes: Bytes per second for named operators (``"aten.gelu.default"``),
             where one rate for all of them would be far off.
         to_host_bytes: Bytes per second a copy from the device to page-locked host
@@ -90,6 +99,7 @@ class DeviceRates:
     to_device_bytes: float = COPY_BYTES
     replay_seconds: float = REPLAY_SECONDS
     pack_bytes: float = PACK_BYTES
+    region_seconds: float = REGION_SECONDS
 
     def __post_init__(self) -> None:
         for name, value in self._numbers():
@@ -154,7 +164,9 @@ class DeviceRates:
 
 _TEXT_FIELDS = frozenset({"device_type", "source"})
 #: Fields added after the first rate files were written: those files read as defaults.
-_LATER_FIELDS = frozenset({"to_host_bytes", "to_device_bytes", "replay_seconds", "pack_bytes"})
+_LATER_FIELDS = frozenset(
+    {"to_host_bytes", "to_device_bytes", "replay_seconds", "pack_bytes", "region_seconds"}
+)
 
 # Measured on this workplace's CPU machine (Intel Xeon, 2 cores, one intra-op thread,
 # torch 2.13.0), idle, 2026-11-28, by benchmarks/bench_rates.py: checkpointing.
@@ -244,6 +256,9 @@ _CPU = DeviceRates(
     },
     replay_seconds=0.000101,
     pack_bytes=9.48e08,
+    # A checkpointed call's own machinery: region_overhead, the median of 7 runs on the
+    # same machine (367 to 422 us), one thread, 2026-11-29.
+    region_seconds=4.0e-4,
 )
 
 # An accelerator with a host of its own: rates of a current data-centre GPU (dense
@@ -261,6 +276,8 @@ _ACCELERATOR = DeviceRates(
     policy_call_seconds=25e-6,
     policy_kept_seconds=10e-6,
     hook_seconds=15e-6,
+    # Not measured on an accelerator yet: calibrate_rates measures it there.
+    region_seconds=REGION_SECONDS,
 )
 
 

@@ -5,6 +5,10 @@ them, and on the small models of the tests it then often prefers a whole checkpo
 The tests of the grain itself (exactness, fake against real, files, compiled forms)
 plan with these rates, so that the search takes the grain wherever it fits; what the
 grain really costs is the cost model's own tests' and the benchmarks' business.
+
+Likewise a checkpoint's own cost (``region_seconds``, 0.4 ms a call on a CPU) outweighs
+recomputing any one call of a test-sized model, whose plans then take one large region.
+Tests of plans that nest regions plan with :data:`REGIONS_FREE`.
 """
 
 from __future__ import annotations
@@ -17,3 +21,6 @@ from checkpointing.planner import builtin_rates
 SAVED_GRAIN_FREE = replace(
     builtin_rates("cpu"), hook_seconds=0.0, replay_seconds=0.0, pack_bytes=1e15
 )
+
+#: The built-in host rates with a checkpointed call's own cost free.
+REGIONS_FREE = replace(builtin_rates("cpu"), region_seconds=0.0)

@@ -23,11 +23,17 @@ from typing import Any
 
 import pytest
 import torch
-from _grain_rates import SAVED_GRAIN_FREE  # loaded by tests/conftest.py
+from _grain_rates import REGIONS_FREE, SAVED_GRAIN_FREE  # loaded by tests/conftest.py
 from torch import nn
 
 from accel._compat import compiled_plans_unavailable
-from checkpointing import CheckpointPlan, SavedTensorMeter, checkpoint_wrapper, plan_checkpointing
+from checkpointing import (
+    CheckpointPlan,
+    DeviceRates,
+    SavedTensorMeter,
+    checkpoint_wrapper,
+    plan_checkpointing,
+)
 from checkpointing._decisions import FULL, KEEP, SAVED, SELECTIVE
 from checkpointing._measure import graph_saved_bytes
 
@@ -61,8 +67,10 @@ class Case:
         inputs: tuple[Any, ...],
         loss: Callable[[Any], torch.Tensor],
         budget: float,
+        rates: DeviceRates | None = None,
     ) -> None:
         self.model, self.inputs, self.loss, self.budget = model, inputs, loss, budget
+        self.rates = rates
 
 
 def _zoo_case(family: str) -> Case:
@@ -111,7 +119,9 @@ def _albert() -> Case:
     def loss(out: Any) -> torch.Tensor:
         return nn.functional.cross_entropy(out.logits.reshape(-1, 512), ids.reshape(-1))
 
-    return Case(AlbertForMaskedLM(config), (ids,), loss, 0.25)
+    # At this size one checkpoint's own cost outweighs recomputing any call: priced
+    # without it, the plan nests regions as the case needs.
+    return Case(AlbertForMaskedLM(config), (ids,), loss, 0.25, REGIONS_FREE)
 
 
 def _resnet() -> Case:
@@ -165,7 +175,7 @@ def test_a_compiled_plan_adds_no_graph_break_keeps_its_estimate_and_is_exact(
 ) -> None:
     case = build()
     planned = copy.deepcopy(case.model)
-    plan = plan_checkpointing(planned, case.inputs, case.budget)
+    plan = plan_checkpointing(planned, case.inputs, case.budget, rates=case.rates)
     plan.apply(planned)
     if build is _albert:  # the case is there for calls inside a planned region
         assert plan.enclosed, plan
@@ -174,9 +184,15 @@ def test_a_compiled_plan_adds_no_graph_break_keeps_its_estimate_and_is_exact(
     planned_breaks, saved, got = _compiled_step(case, planned)
     assert planned_breaks == breaks
     assert saved <= plan.estimated_bytes + 0.02 * plan.plain_bytes, plan
-    # The compiled estimate adds what a compiled region keeps to replay its draws.
     compiled = plan.compiled_estimated_bytes
-    assert compiled is not None and compiled >= plan.estimated_bytes
+    assert compiled is not None
+    if "recompute saved" not in plan.decisions.values():
+        # Every region compiles as planned: the compiled estimate adds what a compiled
+        # region keeps to replay its draws. (Saved-tensor calls take other forms under
+        # compile, which may keep less.)
+        assert compiled >= plan.estimated_bytes
+    # The compiled estimate bounds what the compiled step keeps.
+    assert saved <= compiled + 0.02 * plan.plain_bytes, (saved, compiled, plan)
     assert CheckpointPlan.from_dict(plan.to_dict()).compiled_estimated_bytes == compiled
     assert saved < plain_saved
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))

@@ -269,3 +269,33 @@ def test_a_prim_query_only_the_fake_step_dispatches_costs_nothing() -> None:
     work = op_work(device, (torch.ones(3),), {}, torch.device("cpu"), 0)
     assert work.operator == "prim.device.default"
     assert op_seconds(work, builtin_rates("cpu")) == 0.0
+
+
+def test_a_checkpointed_call_is_priced_with_the_checkpoints_own_cost() -> None:
+    from checkpointing._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
+    from checkpointing.planner._grains import candidates
+
+    recorded = profile_step(_model(), _inputs())
+    rates = builtin_rates("cpu")
+    assert rates.region_seconds > 0  # measured on the CPU table's machine
+    free = cost(recorded, dataclasses.replace(rates, region_seconds=0.0))
+    dear = cost(recorded, dataclasses.replace(rates, region_seconds=0.01))
+    offered_free = candidates(free, selective=True)
+    offered_dear = candidates(dear, selective=True)
+    checked = set()
+    for name, options in offered_free.items():
+        for cheap, costly in zip(options, offered_dear[name], strict=True):
+            assert (cheap.decision, cheap.kept) == (costly.decision, costly.kept)
+            # Whole and selective calls are checkpoints: each pays one region's cost.
+            # The saved-tensor grain's machinery is priced by its own rates.
+            region = 0.01 if cheap.decision in (FULL, SELECTIVE, ALTERNATE, CHOSEN) else 0.0
+            assert costly.seconds - cheap.seconds == pytest.approx(region, abs=1e-12)
+            checked.add(cheap.decision)
+    assert FULL in checked and SAVED in checked
+    # A dear region moves the same budget's plan off checkpoints, onto the saved grain.
+    regions = (FULL, SELECTIVE, ALTERNATE, CHOSEN)
+    many = plan_checkpointing(_model(), _inputs(), 0.5, rates=free.rates)
+    few = plan_checkpointing(_model(), _inputs(), 0.5, rates=dear.rates)
+    assert sum(d in regions for d in few.decisions.values()) < sum(
+        d in regions for d in many.decisions.values()
+    )

@@ -97,7 +97,12 @@ def test_a_file_of_format_1_loads_saves_as_format_2_and_trains_exactly(tmp_path:
     assert {k: v for k, v in new.items() if k not in same} == {
         k: v for k, v in old.items() if k not in same
     }
-    later = {"to_host_bytes": 25e9, "to_device_bytes": 25e9, "replay_seconds": 1e-4}
+    later = {
+        "to_host_bytes": 25e9,
+        "to_device_bytes": 25e9,
+        "replay_seconds": 1e-4,
+        "region_seconds": 0.0,
+    }
     assert new["rates"] == {**old["rates"], **later, "pack_bytes": 9.5e8}
     assert new["format"] == "accel.checkpoint-plan/2"
     assert new["decisions"]["0"] == {"grain": CHOSEN, "payload": old["kept_calls"]["0"]}

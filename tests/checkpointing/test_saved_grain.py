@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import pytest
@@ -181,6 +182,18 @@ def test_budget_plans_use_the_saved_grain_exactly_and_fit() -> None:
     promised = plan.plain_bytes - plan.estimated_bytes
     assert plain - _live_bytes(model, x) >= promised - 256
     assert plan.estimated_bytes <= plan.budget_bytes
+
+
+def test_a_deep_copy_of_a_planned_model_trains_exactly_without_a_warning() -> None:
+    # An EMA copy or a test's reference: the copy's recipes are new objects, and the
+    # plan's index of them was keyed by the originals' ids (its first backward failed);
+    # copying the index's pytree specs warns on torch 2.13.
+    model, reference, x = _saved_plan_everywhere()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        copied = copy.deepcopy(model)
+    _assert_same_step(copied, copy.deepcopy(reference), x)
+    _assert_same_step(model, copy.deepcopy(reference), x)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -35,7 +35,7 @@ from .._cost import DeviceRates, builtin_rates, tensor_bytes
 from .._default_rates import device_name, save_rates
 from . import _stopwatch
 from ._operator_rates import model_operator_rates, record_calls
-from ._overheads import selective_overhead
+from ._overheads import region_overhead, selective_overhead
 from ._saved_machinery import saved_machinery
 from ._stopwatch import Sizes, seconds
 
@@ -193,6 +193,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         if unavailable_reason() is not None
         else selective_overhead(backend, sizes)
     )
+    region = region_overhead(backend, sizes)
     to_host, to_device = _copy_rates(backend, sizes, base)
     where = (
         f"calibrated on {device_name(backend)}, torch {torch.__version__}, "
@@ -209,6 +210,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         call_seconds=call,
         policy_call_seconds=per_call,
         policy_kept_seconds=per_kept,
+        region_seconds=region,
         operator_bytes=operators,
         to_host_bytes=to_host,
         to_device_bytes=to_device,

@@ -24,8 +24,13 @@ class WholeModule(PayloadFree):
     compiled_form = True
 
     def options(self, call: Call) -> list[Option]:
-        """One option: keep the inputs, recompute the call's forward."""
-        return [call.option(FULL, call.record.forward_time, call.inputs)]
+        """One option: keep the inputs, recompute the call's forward.
+
+        Its price is the forward's operators and the checkpoint's own machinery (the
+        rates' ``region_seconds``).
+        """
+        seconds = call.record.forward_time + call.profile.rates.region_seconds
+        return [call.option(FULL, seconds, call.inputs)]
 
     def wrapper(
         self,
