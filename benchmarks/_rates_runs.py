@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpointing import DeviceRates
+from checkpointing.planner import builtin_rates
 
 GENERAL = (
     "matmul_flops",
@@ -31,17 +32,29 @@ GENERAL = (
     "hook_seconds",
     "replay_seconds",
     "pack_bytes",
+    "region_seconds",
+    "saved_call_seconds",
 )
 
 
-def combine(runs: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+def combine(
+    runs: Mapping[str, Mapping[str, Any]], fallback: DeviceRates | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
     """Each general rate's median over ``runs``, and each operator's over the runs that
-    time it."""
-    # Runs written before a field was added read as its default, as rate files do.
+    time it.
+
+    A run written before a field was added reads it from ``fallback`` where given,
+    else as the field's default, as rate files do.
+    """
     default = DeviceRates.__dataclass_fields__
+
+    def value(run: Mapping[str, Any], name: str) -> Any:
+        if name in run:
+            return run[name]
+        return getattr(fallback, name) if fallback is not None else default[name].default
+
     general = {
-        name: statistics.median(run.get(name, default[name].default) for run in runs.values())
-        for name in GENERAL
+        name: statistics.median(value(run, name) for run in runs.values()) for name in GENERAL
     }
     by_operator: dict[str, list[float]] = {}
     for run in runs.values():
@@ -69,10 +82,14 @@ def left_out(path: str | Path, family: str) -> DeviceRates:
             "pass benchmarks/results/rates-<device>-<date>.json."
         )
     others = {name: run for name, run in runs.items() if name != family}
-    general, operators = combine(others)
+    # A checkpoint's and a saved-grain call's own costs are timed on small chains, not
+    # on any family, so runs older than those fields read the built-in table's: out of
+    # sample for every family, and priced as the in-sample rates price them.
+    device = str(values.get("backend", "cpu"))
+    general, operators = combine(others, builtin_rates(device))
     without = "without" if family in runs else "which has no run of"
     return DeviceRates(
-        device_type=str(values.get("backend", "cpu")),
+        device_type=device,
         source=f"{Path(path).name} {without} {family}",
         operator_bytes=operators,
         **general,

@@ -454,6 +454,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def results_name(args: argparse.Namespace, names: list[str]) -> str:
+    """The results file's name before its backend and date: what the run timed."""
+    # A subset of families gets a file of its own, so as not to replace a full run's.
+    subset = "" if args.model == "all" else "-" + "-".join(names)
+    subset += "-targets" if args.rows == "targets" else ""
+    # Out-of-sample rates make other plans: never the same file as an in-sample run's.
+    subset += "-out-of-sample" if args.out_of_sample is not None else ""
+    size = "" if args.size == "bench" else f"-{args.size}"
+    return ("budget-compile" if args.compile else "budget") + size + subset
+
+
 def main() -> None:
     # cuBLAS is deterministic only with a fixed workspace, set before its first use.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -479,12 +490,8 @@ def main() -> None:
 
     def write() -> Path:
         # After every family, so that a long run that is cut short keeps what it measured.
-        # A subset of families gets a file of its own, so as not to replace a full run's.
-        subset = "" if args.model == "all" else "-" + "-".join(names)
-        subset += "-targets" if args.rows == "targets" else ""
-        size = "" if args.size == "bench" else f"-{args.size}"
         return write_results(
-            ("budget-compile" if args.compile else "budget") + size + subset,
+            results_name(args, names),
             backend.name,
             {
                 "size": args.size,

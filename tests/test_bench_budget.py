@@ -249,6 +249,31 @@ def test_out_of_sample_takes_every_run_for_a_family_without_one_and_refuses_anot
         left_out(other, "gpt2")
 
 
+def test_runs_older_than_the_call_costs_read_them_from_the_built_in_table(
+    tmp_path: Path,
+) -> None:
+    from _rates_runs import left_out
+
+    from checkpointing.planner import builtin_rates
+
+    # Runs calibrated before a checkpoint's and a saved-grain call's own costs were
+    # measured: out of sample, those costs are the built-in table's (timed on small
+    # chains, not on any family), not 0, which would price both as free.
+    old = {
+        name: value
+        for name, value in _run(1.0).items()
+        if name not in ("region_seconds", "saved_call_seconds")
+    }
+    rates = left_out(_rates_file(tmp_path, {"plain 0": old, "bert": _run(2.0)}), "bert")
+    table = builtin_rates("cpu")
+    assert rates.region_seconds == table.region_seconds > 0
+    assert rates.saved_call_seconds == table.saved_call_seconds > 0
+    assert rates.matmul_flops == 1.0
+    # Where the runs have them, their median is taken, as for every other rate.
+    both = left_out(_rates_file(tmp_path, {"plain 0": _run(1.0), "plain 1": _run(3.0)}), "x")
+    assert both.region_seconds == both.saved_call_seconds == 2.0
+
+
 def test_a_looser_budget_slower_by_more_than_003_is_a_finding_unless_the_plan_is_the_same() -> None:
     from _budget_checks import budget_order, count_looser_slower
 
@@ -325,3 +350,21 @@ def test_the_targets_rows_time_plain_twice_and_the_three_budgets_only() -> None:
     summary = result["summary_at_half"]
     assert summary is not None and summary["not_slower_than_full"] is None
     assert summary["interval"] == rows["budget 0.5"]["interval"]
+
+
+def test_each_kind_of_run_writes_a_file_of_its_own() -> None:
+    import bench_budget
+
+    def name(*argv: str) -> str:
+        args = bench_budget.parse_args(list(argv))
+        names = ["gpt2", "bert"] if args.model != "all" else list(bench_budget.FAMILIES)
+        return bench_budget.results_name(args, names)
+
+    assert name() == "budget"
+    assert name("--model", "gpt2,bert") == "budget-gpt2-bert"
+    assert name("--model", "gpt2,bert", "--rows", "targets") == "budget-gpt2-bert-targets"
+    # An out-of-sample run plans with other rates: it never replaces an in-sample file.
+    assert (
+        name("--rows", "targets", "--out-of-sample", "rates.json") == "budget-targets-out-of-sample"
+    )
+    assert name("--size", "small", "--compile") == "budget-compile-small"

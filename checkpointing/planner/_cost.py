@@ -36,6 +36,10 @@ REPLAY_SECONDS = 1e-4
 #: do not say (written before ``region_seconds`` was added, or built without it): none,
 #: so that they price a plan as they did when they were written.
 REGION_SECONDS = 0.0
+#: What one module call at the saved-tensor grain costs beyond its hooks and replays,
+#: for rates that do not say (written before ``saved_call_seconds`` was added): none, as
+#: for :data:`REGION_SECONDS`.
+SAVED_CALL_SECONDS = 0.0
 
 #: Packed mask bytes per second where nothing was measured: that host's.
 PACK_BYTES = 9.5e8
@@ -75,6 +79,11 @@ class DeviceRates:
             machinery in the forward and in backward (frames and hooks, the unpack that
             starts the recomputation, the generator states kept and restored). Rates
             written before this field was added read as :data:`REGION_SECONDS` (0).
+        saved_call_seconds: What one module call at the saved-tensor grain costs
+            beyond its hooks per saved tensor and its replays per call: the wrapper's
+            checks of the call's inputs, the hooks and generator states set up in the
+            forward, and the first recomputation that backward starts. Rates written
+            before this field was added read as :data:`SAVED_CALL_SECONDS` (0).
         operator_bytes: Bytes per second for named operators (``"aten.gelu.default"``),
             where one rate for all of them would be far off.
         to_host_bytes: Bytes per second a copy from the device to page-locked host
@@ -100,6 +109,7 @@ class DeviceRates:
     replay_seconds: float = REPLAY_SECONDS
     pack_bytes: float = PACK_BYTES
     region_seconds: float = REGION_SECONDS
+    saved_call_seconds: float = SAVED_CALL_SECONDS
 
     def __post_init__(self) -> None:
         for name, value in self._numbers():
@@ -165,7 +175,14 @@ class DeviceRates:
 _TEXT_FIELDS = frozenset({"device_type", "source"})
 #: Fields added after the first rate files were written: those files read as defaults.
 _LATER_FIELDS = frozenset(
-    {"to_host_bytes", "to_device_bytes", "replay_seconds", "pack_bytes", "region_seconds"}
+    {
+        "to_host_bytes",
+        "to_device_bytes",
+        "replay_seconds",
+        "pack_bytes",
+        "region_seconds",
+        "saved_call_seconds",
+    }
 )
 
 # Measured on this workplace's CPU machine (Intel Xeon, 2 cores, one intra-op thread,
@@ -259,6 +276,9 @@ _CPU = DeviceRates(
     # A checkpointed call's own machinery: region_overhead, the median of 7 runs on the
     # same machine (367 to 422 us), one thread, 2026-11-29.
     region_seconds=4.0e-4,
+    # A saved-grain call's own machinery: the median of 7 runs of saved_machinery on the
+    # same machine (110 to 233 us), one thread, 2026-11-29.
+    saved_call_seconds=1.6e-4,
 )
 
 # An accelerator with a host of its own: rates of a current data-centre GPU (dense
@@ -276,8 +296,9 @@ _ACCELERATOR = DeviceRates(
     policy_call_seconds=25e-6,
     policy_kept_seconds=10e-6,
     hook_seconds=15e-6,
-    # Not measured on an accelerator yet: calibrate_rates measures it there.
+    # Not measured on an accelerator yet: calibrate_rates measures them there.
     region_seconds=REGION_SECONDS,
+    saved_call_seconds=SAVED_CALL_SECONDS,
 )
 
 

@@ -89,6 +89,10 @@ def test_calibrated_rates_are_positive_and_finite(calibrated: DeviceRates) -> No
     assert all(v > 0 for v in calibrated.operator_bytes.values())
     # A checkpointed call's own machinery (hundreds of microseconds on a CPU), measured.
     assert 0 < calibrated.region_seconds < 0.1
+    # A saved-grain call's (about 0.16 ms here) is a residual over what the quick
+    # calibration's own hook and replay figures price, which its five rounds may
+    # overstate: at least 0 here; its arithmetic is tested with a fixed stopwatch below.
+    assert 0 <= calibrated.saved_call_seconds < 0.1
 
 
 def test_calibrate_does_not_save_unless_asked(calibrated: DeviceRates, tmp_path: Path) -> None:
@@ -283,3 +287,22 @@ def test_a_rate_comes_only_from_calls_whose_bytes_matter(monkeypatch: pytest.Mon
     # At a default rate slow enough that its bytes outweigh the fixed cost, it has one.
     slow = _operator_rates.model_operator_rates(calls, backend, 1e-6, 1.0, sizes)
     assert "aten.add_.Tensor" in slow
+
+
+def test_a_saved_grain_calls_cost_is_what_its_blocks_add_beyond_their_prices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from checkpointing.planner._calibration import _saved_machinery
+
+    # A stopwatch that says the eight planned blocks take one second more than plain.
+    monkeypatch.setattr(_saved_machinery, "best_times", lambda steps, *_: [0.5, 1.5])
+    backend, rates = accel.get_backend("cpu"), builtin_rates("cpu")
+    free = _saved_machinery._call_seconds(backend, _QUICK, rates, hook=0.0, replay=0.0)
+    # Less only the replayed calls' own prices: microseconds of eight small drops.
+    assert 1 / 8 - 1e-3 < free < 1 / 8
+    hooked = _saved_machinery._call_seconds(backend, _QUICK, rates, hook=0.01, replay=0.0)
+    replayed = _saved_machinery._call_seconds(backend, _QUICK, rates, hook=0.0, replay=0.01)
+    # Each block pays its hooks per saved tensor (several) and one replayed step at least.
+    assert hooked < free - 0.01 * 2 and replayed <= free - 0.01 + 1e-9
+    # Never below 0, whatever the prices.
+    assert _saved_machinery._call_seconds(backend, _QUICK, rates, hook=1.0, replay=0.0) == 0.0

@@ -299,3 +299,32 @@ def test_a_checkpointed_call_is_priced_with_the_checkpoints_own_cost() -> None:
     assert sum(d in regions for d in few.decisions.values()) < sum(
         d in regions for d in many.decisions.values()
     )
+
+
+def test_a_saved_grain_call_is_priced_with_its_own_cost() -> None:
+    from checkpointing._decisions import SAVED
+    from checkpointing.planner._grains import candidates
+
+    recorded = profile_step(_model(), _inputs())
+    rates = builtin_rates("cpu")
+    assert rates.saved_call_seconds > 0  # measured on the CPU table's machine
+    free = cost(recorded, dataclasses.replace(rates, saved_call_seconds=0.0))
+    dear = cost(recorded, dataclasses.replace(rates, saved_call_seconds=0.01))
+    offered_free = candidates(free, selective=True)
+    offered_dear = candidates(dear, selective=True)
+    saved = 0
+    for name, options in offered_free.items():
+        for cheap, costly in zip(options, offered_dear[name], strict=True):
+            assert (cheap.decision, cheap.kept) == (costly.decision, costly.kept)
+            # Every saved-grain option of a call pays the call's cost once, whatever it
+            # drops; no other grain pays it.
+            extra = 0.01 if cheap.decision == SAVED else 0.0
+            assert costly.seconds - cheap.seconds == pytest.approx(extra, abs=1e-12)
+            saved += cheap.decision == SAVED
+    assert saved > 1
+    # A dear call moves the same budget's plan off the saved grain.
+    many = plan_checkpointing(_model(), _inputs(), 0.5, rates=free.rates)
+    few = plan_checkpointing(_model(), _inputs(), 0.5, rates=dear.rates)
+    assert sum(d == SAVED for d in few.decisions.values()) < sum(
+        d == SAVED for d in many.decisions.values()
+    )

@@ -102,6 +102,7 @@ def test_a_file_of_format_1_loads_saves_as_format_2_and_trains_exactly(tmp_path:
         "to_device_bytes": 25e9,
         "replay_seconds": 1e-4,
         "region_seconds": 0.0,
+        "saved_call_seconds": 0.0,
     }
     assert new["rates"] == {**old["rates"], **later, "pack_bytes": 9.5e8}
     assert new["format"] == "accel.checkpoint-plan/2"
@@ -218,3 +219,22 @@ def test_each_grain_owns_what_it_offers_and_how_it_runs() -> None:
     assert kept.decode(kept.encode((("aten.tanh.default", 0),))) == (("aten.tanh.default", 0),)
     with pytest.raises(ValueError, match=r"keeps chosen operator calls in 'x' but names none"):
         kept.check("x", None)
+
+
+def test_each_grain_names_the_rate_its_wrapper_costs_per_call() -> None:
+    from checkpointing._decisions import ALTERNATE, KEEP, OFFLOADED, SELECTIVE
+    from checkpointing.planner import DeviceRates
+
+    # Checkpoints pay torch's checkpoint once a call, the saved grain its wrapper; the
+    # search's grains besides them have no wrapper of their own to pay for.
+    assert {grain.name: grain.call_cost for grain in _registry.GRAINS} == {
+        FULL: "region_seconds",
+        SAVED: "saved_call_seconds",
+        SELECTIVE: "region_seconds",
+        ALTERNATE: "region_seconds",
+        CHOSEN: "region_seconds",
+        KEEP: None,
+        OFFLOADED: None,
+    }
+    for grain in _registry.GRAINS:
+        assert grain.call_cost is None or grain.call_cost in DeviceRates.__dataclass_fields__

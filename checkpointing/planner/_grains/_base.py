@@ -73,6 +73,10 @@ class Grain(ABC, Generic[P]):
             wrapper cannot be traced (:mod:`.._compiled`).
         traceable: Its wrapper can be traced by ``torch.compile``; if not, the plan
             gives each such call a compiled form (:meth:`compiled_as`).
+        call_cost: The :class:`DeviceRates` field its wrapper costs once per module
+            call, beyond the operators its options price (``"region_seconds"`` for a
+            checkpoint, ``"saved_call_seconds"`` for the saved-tensor grain);
+            :func:`._registry.options_of` adds it to every option; ``None``: nothing.
     """
 
     name: str
@@ -83,6 +87,7 @@ class Grain(ABC, Generic[P]):
     selective: bool = False
     compiled_form: bool = False
     traceable: bool = True
+    call_cost: str | None = None
 
     @abstractmethod
     def options(self, call: Call) -> list[Option]:

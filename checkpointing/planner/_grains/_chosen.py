@@ -38,6 +38,7 @@ class ChosenCalls(Grain[KeptCalls]):
     name = CHOSEN
     coarseness = 3
     margin = 0.25
+    call_cost = "region_seconds"
     recorded = True
     selective = True
 
@@ -45,8 +46,7 @@ class ChosenCalls(Grain[KeptCalls]):
         """One option per prefix of the call's units in greedy order.
 
         Its recompute time is the call's forward time less the kept units' own time,
-        plus what the policy costs per operator call and per kept call, and what the
-        checkpoint costs per call (the rates' ``region_seconds``).
+        plus what the policy costs per operator call and per kept call.
         """
         record, rates = call.record, call.profile.rates
         units = find_units(record.ops, selective_cache_allows_mutation())
@@ -61,8 +61,7 @@ class ChosenCalls(Grain[KeptCalls]):
                     CHOSEN,
                     recompute
                     + rates.policy_call_seconds * calls
-                    + rates.policy_kept_seconds * len(kept_calls)
-                    + rates.region_seconds,
+                    + rates.policy_kept_seconds * len(kept_calls),
                     call.inputs.union(*(unit.storages for unit in chosen)),
                     kind=_summary(chosen),
                     calls=kept_calls,

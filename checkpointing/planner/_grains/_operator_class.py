@@ -27,6 +27,7 @@ class OperatorClass(PayloadFree):
 
     margin = 0.10
     selective = True
+    call_cost = "region_seconds"
 
     def __init__(self, every_second_mm: bool) -> None:
         self.every_second_mm = every_second_mm
@@ -39,8 +40,7 @@ class OperatorClass(PayloadFree):
 
         Its recompute time is the call's forward time less the own time of the operators
         it keeps (with the rule, every second ``mm``'s recomputed too), plus what the
-        policy costs per operator call and per kept call (the rates' ``policy_*``) and
-        what the checkpoint costs per call (``region_seconds``).
+        policy costs per operator call and per kept call (the rates' ``policy_*``).
         """
         record, rates = call.record, call.profile.rates
         recomputed = (
@@ -59,7 +59,6 @@ class OperatorClass(PayloadFree):
             + sum(op.seconds for op in recomputed)
             + rates.policy_call_seconds * len(record.ops)
             + rates.policy_kept_seconds * len(cached)
-            + rates.region_seconds
         )
         return [
             call.option(

@@ -7,6 +7,7 @@ is writing its module and adding its instance here (see :class:`Grain`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .._offload_settings import OffloadSettings
@@ -74,7 +75,8 @@ def options_of(call: Call, selective: bool) -> list[Option]:
     A grain is asked only where it applies (see :class:`Grain`'s ``fine``, ``recorded``
     and ``selective``): the root and RNNs get whole-call grains only, a call whose data
     decides its shapes gets no grain that relies on recorded occurrences, and selective
-    grains need ``selective`` and a call without batch norm's running statistics.
+    grains need ``selective`` and a call without batch norm's running statistics. Each
+    option is priced with its grain's own cost per call (``call_cost``).
     """
     record = call.record
     whole_only = not call.name or record.fused_rnn
@@ -86,7 +88,11 @@ def options_of(call: Call, selective: bool) -> list[Option]:
             or (grain.selective and (not selective or record.running_stats))
         ):
             continue
-        found.extend(grain.options(call))
+        options = grain.options(call)
+        if grain.call_cost is not None:
+            own = getattr(call.profile.rates, grain.call_cost)
+            options = [replace(option, seconds=option.seconds + own) for option in options]
+        found.extend(options)
     return found
 
 

@@ -35,6 +35,7 @@ class SavedTensors(Grain[SavedPlan]):
     margin = 0.50
     recorded = True
     traceable = False
+    call_cost = "saved_call_seconds"
 
     def options(self, call: Call) -> list[Option]:
         """One option per prefix of the call's units.

@@ -22,15 +22,11 @@ class WholeModule(PayloadFree):
     margin = 0.0
     fine = False
     compiled_form = True
+    call_cost = "region_seconds"
 
     def options(self, call: Call) -> list[Option]:
-        """One option: keep the inputs, recompute the call's forward.
-
-        Its price is the forward's operators and the checkpoint's own machinery (the
-        rates' ``region_seconds``).
-        """
-        seconds = call.record.forward_time + call.profile.rates.region_seconds
-        return [call.option(FULL, seconds, call.inputs)]
+        """One option: keep the inputs, recompute the call's forward (its operators)."""
+        return [call.option(FULL, call.record.forward_time, call.inputs)]
 
     def wrapper(
         self,
