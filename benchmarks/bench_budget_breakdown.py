@@ -14,7 +14,12 @@ Each variant's extra time is the median over the rounds of its step less the pla
 step of the same round, set against the plan's own estimate for those rows, which is
 how far the planner's estimate is from what the step pays, and for which grain.
 
+``--per-call`` instead times each saved-grain call of the plan alone, on the arguments
+it gets in the step (:mod:`_saved_calls`): the plain call, bare hooks, the grain's
+wrapper with nothing planned, and the call's plan, beside its estimate.
+
 Usage: python benchmarks/bench_budget_breakdown.py --model bert,whisper [--rounds 9]
+[--per-call]
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import torch
 from _allocator import add_option, settle
 from _budget_measure import step
 from _report import print_table, write_results
+from _saved_calls import per_call
 
 import accel
 from checkpointing import CheckpointPlan, plan_checkpointing
@@ -118,10 +124,18 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5, help="memory budget (0.5)")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved timed rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1)")
+    parser.add_argument(
+        "--per-call",
+        action="store_true",
+        help="time each saved-grain call alone instead (bare hooks, wrapper, plan)",
+    )
     add_option(parser)
     args = parser.parse_args()
     allocator = settle(args.allocator)
     torch.set_num_threads(args.threads)
+    if args.per_call:
+        _per_call(args, allocator)
+        return
     found = [breakdown(f, args.budget, args.rounds) for f in args.model.split(",")]
     rows = []
     for result in found:
@@ -143,6 +157,39 @@ def main() -> None:
     print_table(("model", "variant", "extra step time", "estimated", "step ratio"), rows)
     out = write_results(
         "budget-breakdown",
+        accel.get_backend().name,
+        {
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "allocator": allocator,
+            "torch_version": torch.__version__,
+            "models": found,
+        },
+    )
+    print(f"wrote {out}")
+
+
+def _per_call(args: argparse.Namespace, allocator: dict[str, Any]) -> None:
+    found = [per_call(f, args.budget, args.rounds) for f in args.model.split(",")]
+    rows = []
+    for result in found:
+        for call in result["calls"]:
+            extra = call["extra_seconds"]
+            rows.append(
+                (
+                    result["family"],
+                    call["module"],
+                    f"{call['plain_seconds'] * 1e3:.2f} ms",
+                    *(f"{extra[label] * 1e3:.2f} ms" for label in extra),
+                    f"{call['estimated_seconds'] * 1e3:.2f} ms",
+                )
+            )
+    print_table(
+        ("model", "call", "plain", "bare hooks", "wrapper, nothing", "plan", "estimated"),
+        rows,
+    )
+    out = write_results(
+        "budget-breakdown-calls",
         accel.get_backend().name,
         {
             "rounds": args.rounds,

@@ -368,3 +368,26 @@ def test_each_kind_of_run_writes_a_file_of_its_own() -> None:
         name("--rows", "targets", "--out-of-sample", "rates.json") == "budget-targets-out-of-sample"
     )
     assert name("--size", "small", "--compile") == "budget-compile-small"
+
+
+def test_per_call_times_each_saved_grain_call_of_the_plan_four_ways() -> None:
+    import copy
+
+    import _zoo
+    from _saved_calls import per_call
+
+    from checkpointing import plan_checkpointing
+
+    case = _zoo.build("qwen2", "small")
+    plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, 0.5)
+    saved = [n for n, d in plan.choices.items() if d.grain == "recompute saved"]
+    assert saved  # the small Qwen2's 0.5 plan has a saved-grain call to time
+    result = per_call("qwen2", 0.5, rounds=2, size="small")
+    calls = result["calls"]
+    assert [call["module"] for call in calls] == saved
+    for call in calls:
+        assert set(call["extra_seconds"]) == {"bare hooks", "wrapper, nothing planned", "plan"}
+        assert call["plain_seconds"] > 0 and call["saved_tensors"] > 0
+        assert call["estimated_seconds"] == next(
+            row.recompute_seconds for row in plan.rows if row.module == call["module"]
+        )
