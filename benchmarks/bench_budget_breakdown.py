@@ -155,18 +155,7 @@ def main() -> None:
                 )
             )
     print_table(("model", "variant", "extra step time", "estimated", "step ratio"), rows)
-    out = write_results(
-        "budget-breakdown",
-        accel.get_backend().name,
-        {
-            "rounds": args.rounds,
-            "threads": args.threads,
-            "allocator": allocator,
-            "torch_version": torch.__version__,
-            "models": found,
-        },
-    )
-    print(f"wrote {out}")
+    _write("budget-breakdown", args, allocator, found)
 
 
 def _per_call(args: argparse.Namespace, allocator: dict[str, Any]) -> None:
@@ -188,8 +177,14 @@ def _per_call(args: argparse.Namespace, allocator: dict[str, Any]) -> None:
         ("model", "call", "plain", "bare hooks", "wrapper, nothing", "plan", "estimated"),
         rows,
     )
+    _write("budget-breakdown-calls", args, allocator, found)
+
+
+def _write(
+    name: str, args: argparse.Namespace, allocator: dict[str, Any], found: list[dict[str, Any]]
+) -> None:
     out = write_results(
-        "budget-breakdown-calls",
+        name,
         accel.get_backend().name,
         {
             "rounds": args.rounds,

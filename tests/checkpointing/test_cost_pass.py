@@ -271,26 +271,35 @@ def test_a_prim_query_only_the_fake_step_dispatches_costs_nothing() -> None:
     assert op_seconds(work, builtin_rates("cpu")) == 0.0
 
 
-def test_a_checkpointed_call_is_priced_with_the_checkpoints_own_cost() -> None:
-    from checkpointing._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
+def _priced_free_and_dear(field: str) -> tuple[Any, Any, list[tuple[Any, Any]]]:
+    """The test model's profile priced with ``field`` at 0 and at 10 ms, and each
+    option's two prices, paired (the same option, offered in the same order)."""
     from checkpointing.planner._grains import candidates
 
     recorded = profile_step(_model(), _inputs())
     rates = builtin_rates("cpu")
-    assert rates.region_seconds > 0  # measured on the CPU table's machine
-    free = cost(recorded, dataclasses.replace(rates, region_seconds=0.0))
-    dear = cost(recorded, dataclasses.replace(rates, region_seconds=0.01))
-    offered_free = candidates(free, selective=True)
+    assert getattr(rates, field) > 0  # measured on the CPU table's machine
+    free = cost(recorded, dataclasses.replace(rates, **{field: 0.0}))
+    dear = cost(recorded, dataclasses.replace(rates, **{field: 0.01}))
     offered_dear = candidates(dear, selective=True)
-    checked = set()
-    for name, options in offered_free.items():
+    pairs = []
+    for name, options in candidates(free, selective=True).items():
         for cheap, costly in zip(options, offered_dear[name], strict=True):
             assert (cheap.decision, cheap.kept) == (costly.decision, costly.kept)
-            # Whole and selective calls are checkpoints: each pays one region's cost.
-            # The saved-tensor grain's machinery is priced by its own rates.
-            region = 0.01 if cheap.decision in (FULL, SELECTIVE, ALTERNATE, CHOSEN) else 0.0
-            assert costly.seconds - cheap.seconds == pytest.approx(region, abs=1e-12)
-            checked.add(cheap.decision)
+            pairs.append((cheap, costly))
+    return free, dear, pairs
+
+
+def test_a_checkpointed_call_is_priced_with_the_checkpoints_own_cost() -> None:
+    from checkpointing._decisions import ALTERNATE, CHOSEN, FULL, SAVED, SELECTIVE
+
+    free, dear, pairs = _priced_free_and_dear("region_seconds")
+    for cheap, costly in pairs:
+        # Whole and selective calls are checkpoints: each pays one region's cost.
+        # The saved-tensor grain's machinery is priced by its own rates.
+        region = 0.01 if cheap.decision in (FULL, SELECTIVE, ALTERNATE, CHOSEN) else 0.0
+        assert costly.seconds - cheap.seconds == pytest.approx(region, abs=1e-12)
+    checked = {cheap.decision for cheap, _ in pairs}
     assert FULL in checked and SAVED in checked
     # A dear region moves the same budget's plan off checkpoints, onto the saved grain.
     regions = (FULL, SELECTIVE, ALTERNATE, CHOSEN)
@@ -303,25 +312,14 @@ def test_a_checkpointed_call_is_priced_with_the_checkpoints_own_cost() -> None:
 
 def test_a_saved_grain_call_is_priced_with_its_own_cost() -> None:
     from checkpointing._decisions import SAVED
-    from checkpointing.planner._grains import candidates
 
-    recorded = profile_step(_model(), _inputs())
-    rates = builtin_rates("cpu")
-    assert rates.saved_call_seconds > 0  # measured on the CPU table's machine
-    free = cost(recorded, dataclasses.replace(rates, saved_call_seconds=0.0))
-    dear = cost(recorded, dataclasses.replace(rates, saved_call_seconds=0.01))
-    offered_free = candidates(free, selective=True)
-    offered_dear = candidates(dear, selective=True)
-    saved = 0
-    for name, options in offered_free.items():
-        for cheap, costly in zip(options, offered_dear[name], strict=True):
-            assert (cheap.decision, cheap.kept) == (costly.decision, costly.kept)
-            # Every saved-grain option of a call pays the call's cost once, whatever it
-            # drops; no other grain pays it.
-            extra = 0.01 if cheap.decision == SAVED else 0.0
-            assert costly.seconds - cheap.seconds == pytest.approx(extra, abs=1e-12)
-            saved += cheap.decision == SAVED
-    assert saved > 1
+    free, dear, pairs = _priced_free_and_dear("saved_call_seconds")
+    for cheap, costly in pairs:
+        # Every saved-grain option of a call pays the call's cost once, whatever it
+        # drops; no other grain pays it.
+        extra = 0.01 if cheap.decision == SAVED else 0.0
+        assert costly.seconds - cheap.seconds == pytest.approx(extra, abs=1e-12)
+    assert sum(cheap.decision == SAVED for cheap, _ in pairs) > 1
     # A dear call moves the same budget's plan off the saved grain.
     many = plan_checkpointing(_model(), _inputs(), 0.5, rates=free.rates)
     few = plan_checkpointing(_model(), _inputs(), 0.5, rates=dear.rates)
