@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from _zoo import ZooModel
@@ -27,6 +28,7 @@ __all__ = [
     "difference",
     "gradients",
     "graph_saved_bytes",
+    "interleaved",
     "step",
 ]
 
@@ -117,3 +119,15 @@ def step(case: ZooModel, model: nn.Module, backend: Accelerator) -> float:
     elapsed = time.perf_counter() - start
     model.zero_grad(set_to_none=True)
     return elapsed
+
+
+def interleaved(
+    timed: Callable[[str], float], labels: list[str], rounds: int
+) -> dict[str, list[float]]:
+    """Each label's seconds per round (``timed(label)``), the order rotated each round."""
+    times: dict[str, list[float]] = {label: [] for label in labels}
+    for index in range(rounds):
+        shift = index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            times[label].append(timed(label))
+    return times

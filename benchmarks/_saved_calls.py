@@ -29,7 +29,7 @@ from typing import Any
 
 import _zoo
 import torch
-from _budget_measure import step
+from _budget_measure import interleaved, step
 from torch import nn
 from torch.utils._pytree import tree_map
 
@@ -96,20 +96,18 @@ def _variants(
 
 
 def _interleaved(variants: dict[str, Callable[[], None]], rounds: int) -> dict[str, list[float]]:
-    """Each variant's seconds per round, the order rotated round by round."""
+    """Each variant's seconds per round (:func:`interleaved`), after one warm-up call."""
     backend = accel.get_backend()
     for run in variants.values():  # warm-up; the wrappers check their first call
         run()
-    times: dict[str, list[float]] = {label: [] for label in variants}
-    labels = list(variants)
-    for index in range(rounds):
-        shift = index % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            started = time.perf_counter()
-            variants[label]()
-            backend.synchronize()
-            times[label].append(time.perf_counter() - started)
-    return times
+
+    def timed(label: str) -> float:
+        started = time.perf_counter()
+        variants[label]()
+        backend.synchronize()
+        return time.perf_counter() - started
+
+    return interleaved(timed, list(variants), rounds)
 
 
 def per_call(family: str, budget: float, rounds: int, size: str = "bench") -> dict[str, Any]:

@@ -33,7 +33,7 @@ from typing import Any
 import _zoo
 import torch
 from _allocator import add_option, settle
-from _budget_measure import step
+from _budget_measure import interleaved, step
 from _report import print_table, write_results
 from _saved_calls import per_call
 
@@ -92,12 +92,7 @@ def breakdown(family: str, budget: float, rounds: int) -> dict[str, Any]:
             variant.apply(model)
         step(case, model, backend)  # warm-up
         models[label] = model
-    times: dict[str, list[float]] = {label: [] for label in models}
-    labels = list(models)
-    for index in range(rounds):
-        shift = index % len(labels)
-        for label in labels[shift:] + labels[:shift]:
-            times[label].append(step(case, models[label], backend))
+    times = interleaved(lambda label: step(case, models[label], backend), list(models), rounds)
     estimated = {
         "saved rows": sum(r.recompute_seconds for r in plan.rows if r.decision == SAVED),
         "other rows": sum(
