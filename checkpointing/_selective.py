@@ -55,14 +55,37 @@ def written_tensors(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.
     Version counters cannot tell inside a dispatch mode: autograd increments them above it.
     """
     written: list[torch.Tensor] = []
-    for position, argument in enumerate(func._schema.arguments):
-        info = argument.alias_info
-        if info is None or not info.is_write:
-            continue
-        value = args[position] if position < len(args) else kwargs.get(argument.name)
+    for position, name in _written_arguments(func):
+        value = args[position] if position < len(args) else kwargs.get(name)
         values = value if isinstance(value, list | tuple) else [value]
         written.extend(item for item in values if isinstance(item, torch.Tensor))
     return written
+
+
+# Per-overload facts the forward guard asks of every operator call, read once: parsing a
+# schema's arguments on each call cost more than most small operators themselves.
+_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
+_SEEDED: dict[Any, bool] = {}
+
+
+def _written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
+    """``(position, name)`` of each argument the overload ``func`` writes in place."""
+    found = _WRITES.get(func)
+    if found is None:
+        found = _WRITES[func] = tuple(
+            (position, argument.name)
+            for position, argument in enumerate(func._schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write
+        )
+    return found
+
+
+def _draws(func: Any) -> bool:
+    """Whether the overload ``func`` draws random numbers (tagged ``nondeterministic_seeded``)."""
+    found = _SEEDED.get(func)
+    if found is None:
+        found = _SEEDED[func] = torch.Tag.nondeterministic_seeded in func.tags
+    return found
 
 
 def _overloads(*names: str) -> frozenset[Any]:
@@ -212,7 +235,11 @@ class _KeptCallsGuard(TorchDispatchMode):
         self.decision.kept = None
         out = func(*args, **kwargs)
         kept = bool(self.decision.kept)
-        written = {storage_key(t) for t in written_tensors(func, args, kwargs)}
+        written = (
+            {storage_key(t) for t in written_tensors(func, args, kwargs)}
+            if _written_arguments(func)
+            else set()
+        )
         for pointer in written:
             if (pointer in self.kept_storages) != kept:
                 problem = (
@@ -221,7 +248,7 @@ class _KeptCallsGuard(TorchDispatchMode):
                     else "is kept but writes in place into storage that is not kept"
                 )
                 raise self._mismatch(func, problem)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if _draws(func):
             if kept:
                 self.drawn_kept = True
             elif self.drawn_kept:

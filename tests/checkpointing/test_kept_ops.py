@@ -14,7 +14,7 @@ from accel._compat import selective_cache_allows_mutation
 from checkpointing import CheckpointError, CheckpointPlan, Decision
 from checkpointing._decisions import CHOSEN
 from checkpointing._measure import LiveActivationMeter
-from checkpointing._selective import unavailable_reason
+from checkpointing._selective import _draws, unavailable_reason, written_tensors
 from checkpointing._selective_wrapper import SelectiveCheckpointWrapper
 from checkpointing.planner import builtin_rates, cost
 from checkpointing.planner._kept_ops import Unit, find_units, keep_options
@@ -214,3 +214,14 @@ def test_a_measured_decision_without_its_calls_is_refused() -> None:
     plan = CheckpointPlan(choices={"0": Decision(CHOSEN)}, **_FIELDS)
     with pytest.raises(ValueError, match=r"keeps chosen operator calls in '0' but names none"):
         plan.apply(_model())
+
+
+def test_written_tensors_name_what_each_overload_writes_positionally_or_by_keyword() -> None:
+    a, b, out = torch.ones(3), torch.ones(3), torch.empty(3)
+    add_, add_out = torch.ops.aten.add_.Tensor, torch.ops.aten.add.out
+    for _ in range(2):  # the second call reads the overload's facts back from the cache
+        assert [t is a for t in written_tensors(add_, (a, b), {})] == [True]
+        assert [t is out for t in written_tensors(add_out, (a, b), {"out": out})] == [True]
+        assert written_tensors(torch.ops.aten.add.Tensor, (a, b), {}) == []
+    assert _draws(torch.ops.aten.bernoulli_.float)
+    assert not _draws(torch.ops.aten.add.Tensor)
