@@ -27,11 +27,21 @@ from ._cost import DeviceRates
 from ._records import ModuleProfile, OpCall, RecordedStep, StepProfile
 from ._work import ATTENTION, CONVOLUTION, FFT, MATMUL, OpWork
 
-__all__ = ["cost", "op_seconds"]
+__all__ = ["cost", "dispatched", "op_seconds"]
 
 #: Operators the fake step dispatches and the device's never does: a fake tensor answers
 #: ``tensor.device`` through ``prim.device``, a real one in C++ without a dispatch.
 _FAKE_ONLY = "prim."
+
+
+def dispatched(ops: Iterable[OpCall]) -> int:
+    """How many of the recorded calls ``ops`` the device dispatches.
+
+    The fake step records ``prim`` queries (:data:`_FAKE_ONLY`) that a real step answers
+    without a dispatch: in a transformer block they outnumber the real calls. A selective
+    policy runs once per dispatched call, so it is priced per these only.
+    """
+    return sum(1 for op in ops if not op.name.startswith(_FAKE_ONLY))
 
 
 def op_seconds(work: OpWork, rates: DeviceRates) -> float:

@@ -326,3 +326,41 @@ def test_a_saved_grain_call_is_priced_with_its_own_cost() -> None:
     assert sum(d == SAVED for d in few.decisions.values()) < sum(
         d == SAVED for d in many.decisions.values()
     )
+
+
+def test_a_selective_policy_is_priced_per_call_the_device_dispatches() -> None:
+    # The fake step also records prim queries that a real step answers without a
+    # dispatch (a transformer block records more of them than real calls); the policy
+    # runs once per real call, so an option pays policy_call_seconds for those only.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from checkpointing._decisions import ALTERNATE, CHOSEN, SELECTIVE
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    from checkpointing.planner._grains import candidates
+
+    model, inputs = _model(), _inputs()
+    with Count():
+        model[0](*inputs)
+    recorded = profile_step(_model(), _inputs())
+    assert any(op.name.startswith("prim.") for op in recorded.modules["0"].ops)
+    rates = builtin_rates("cpu")
+    free, dear = (
+        candidates(cost(recorded, dataclasses.replace(rates, policy_call_seconds=s)), True)["0"]
+        for s in (0.0, 0.01)
+    )
+    charged = set()
+    for cheap, costly in zip(free, dear, strict=True):
+        assert (cheap.decision, cheap.kept) == (costly.decision, costly.kept)
+        calls = Count.calls if cheap.decision in (SELECTIVE, ALTERNATE, CHOSEN) else 0
+        assert costly.seconds - cheap.seconds == pytest.approx(0.01 * calls, abs=1e-12)
+        charged.add(cheap.decision)
+    assert {SELECTIVE, CHOSEN} <= charged and Count.calls > 0

@@ -19,6 +19,7 @@ from ..._replay import counted
 from ..._selective_wrapper import SelectiveCheckpointWrapper
 from .._kept_ops import Unit, find_units, keep_options
 from .._options import Call, Option
+from .._pricing import dispatched
 from .._records import StepProfile
 from ._base import Grain
 
@@ -46,11 +47,12 @@ class ChosenCalls(Grain[KeptCalls]):
         """One option per prefix of the call's units in greedy order.
 
         Its recompute time is the call's forward time less the kept units' own time,
-        plus what the policy costs per operator call and per kept call.
+        plus what the policy costs per operator call the device dispatches and per
+        kept call.
         """
         record, rates = call.record, call.profile.rates
         units = find_units(record.ops, selective_cache_allows_mutation())
-        calls = len(record.ops)
+        calls = dispatched(record.ops)
         found = []
         for numbers in keep_options(units, call.profile.storage_bytes, record.inputs):
             chosen = [units[number] for number in numbers]

@@ -17,6 +17,7 @@ from ..._decisions import ALTERNATE, SELECTIVE
 from ..._selective import alternated
 from ..._selective_wrapper import SelectiveCheckpointWrapper
 from .._options import Call, Option
+from .._pricing import dispatched
 from ._base import PayloadFree
 
 __all__ = ["EVERY_SECOND_MM", "OPERATOR_CLASS"]
@@ -40,7 +41,8 @@ class OperatorClass(PayloadFree):
 
         Its recompute time is the call's forward time less the own time of the operators
         it keeps (with the rule, every second ``mm``'s recomputed too), plus what the
-        policy costs per operator call and per kept call (the rates' ``policy_*``).
+        policy costs per operator call the device dispatches and per kept call (the
+        rates' ``policy_*``).
         """
         record, rates = call.record, call.profile.rates
         recomputed = (
@@ -54,10 +56,11 @@ class OperatorClass(PayloadFree):
             ", every second mm" if self.every_second_mm else ""
         )
         cached = record.cached.difference(*(op.fresh for op in recomputed))
+        calls = dispatched(record.ops)
         seconds = (
             record.recomputed_time
             + sum(op.seconds for op in recomputed)
-            + rates.policy_call_seconds * len(record.ops)
+            + rates.policy_call_seconds * calls
             + rates.policy_kept_seconds * len(cached)
         )
         return [
@@ -66,7 +69,7 @@ class OperatorClass(PayloadFree):
                 seconds,
                 call.inputs | cached,
                 kind=kind,
-                policy_calls=len(record.ops),
+                policy_calls=calls,
                 kept_count=len(cached),
             )
         ]
