@@ -391,3 +391,21 @@ def test_per_call_times_each_saved_grain_call_of_the_plan_four_ways() -> None:
         assert call["estimated_seconds"] == next(
             row.recompute_seconds for row in plan.rows if row.module == call["module"]
         )
+
+
+def test_the_backward_bench_sets_each_estimate_beside_the_measured_split() -> None:
+    import bench_backward
+    from _zoo import build
+
+    from accel import get_backend
+
+    backend = get_backend("cpu")
+    lstm, custom = (build(family, "small") for family in ("lstm", "custom"))
+    one_forward = bench_backward.estimated(lstm, backend)
+    assert one_forward["fallback"] and one_forward["recorded"] is None
+    assert one_forward["twice_the_forward_ratio"] == 2.0
+    assert 1.0 < one_forward["call_by_call_ratio"] < 2.0  # products twice, draws free
+    recorded = bench_backward.estimated(custom, backend)
+    assert not recorded["fallback"] and recorded["recorded_ratio"] > 0
+    timed = bench_backward.measured(custom, backend, rounds=1)
+    assert timed["ratio"] == timed["backward_seconds"] / timed["forward_seconds"] > 0

@@ -23,8 +23,8 @@ times per step (a layer shared across depths) gets one record per call, named
 Where the model cannot run on fake tensors (an operator whose output shape the data
 decides, such as mixture-of-experts routing, or one without a fake kernel), one real
 forward runs instead, keeping what autograd saves only until the module call that saved
-it returns (:class:`.._steps.SavedPerCall`); its backward is then priced as twice its
-forward. :attr:`StepProfile.fallback` says why.
+it returns (:class:`.._steps.SavedPerCall`); its backward is then estimated from its forward's
+calls (:func:`._pricing.backward_seconds`). :attr:`StepProfile.fallback` says why.
 """
 
 from __future__ import annotations
@@ -389,7 +389,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         refuse_real_step(model, fallback)
         fallback += (
             ", so one real forward was profiled, keeping what each module call saved "
-            "only until it returned, and backward was estimated as twice the forward"
+            "only until it returned, and backward was estimated from the forward's operators"
         )
         with untouched(model, backend), leaving_nothing(model, fake=False):
             calls, recorder = _run(model, example_inputs, False, backend)

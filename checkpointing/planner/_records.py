@@ -110,7 +110,8 @@ class RecordedStep(_PlainBytes):
         forward: Every operator call of the forward, in order (those outside any module
             call included).
         backward: Every operator call of the backward, in order (empty where the step
-            ran on real tensors: its backward is then priced as twice its forward).
+            ran on real tensors: its backward is then estimated from the forward's calls,
+            :func:`._pricing.backward_seconds`).
         fallback: Why the step ran on real tensors, or empty.
         host_masks: Random draws land in host memory (dropout masks packable).
         structure: The profiled model's structure (:func:`._signature.structure_of`).

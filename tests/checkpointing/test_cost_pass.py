@@ -20,7 +20,7 @@ from torch import nn
 import accel
 from checkpointing import RecordedStep, plan_checkpointing, profile_step
 from checkpointing.planner import StepProfile, builtin_rates, cost
-from checkpointing.planner._pricing import op_seconds
+from checkpointing.planner._pricing import backward_seconds, op_seconds
 from checkpointing.planner._work import CONVOLUTION, FFT, MATMUL, OpWork, op_work
 
 aten = torch.ops.aten
@@ -98,9 +98,10 @@ def test_cost_is_pure_and_sums_the_calls_in_order() -> None:
     backward = 0.0
     for work in recorded.backward:
         backward += op_seconds(work, rates)
-    if recorded.fallback:  # torch 2.4: one real forward, the backward priced as twice it
+    if recorded.fallback:  # torch 2.4: one real forward, the backward estimated from it
         assert not recorded.backward and backward == 0.0
-        backward = 2.0 * forward
+        for work in recorded.forward:
+            backward += backward_seconds(work, op_seconds(work, rates))
     assert priced.forward_time == forward and priced.step_time == forward + backward
     record = priced.modules["0"]
     total = 0.0
@@ -364,3 +365,25 @@ def test_a_selective_policy_is_priced_per_call_the_device_dispatches() -> None:
         assert costly.seconds - cheap.seconds == pytest.approx(0.01 * calls, abs=1e-12)
         charged.add(cheap.decision)
     assert {SELECTIVE, CHOSEN} <= charged and Count.calls > 0
+
+
+def test_a_backward_not_recorded_is_estimated_call_by_call_from_the_forward() -> None:
+    # An LSTM runs one real forward (its fused kernel's workspace has no fake size): its
+    # backward is two products per product, nothing per random draw, a call per call.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Dropout(0.1), nn.LSTM(16, 16, 2))
+    ids = torch.randint(50, (6, 3), generator=torch.Generator().manual_seed(2))
+    recorded = profile_step(model, (ids,))
+    assert recorded.fallback and not recorded.backward
+    rates = builtin_rates("cpu")
+    priced = cost(recorded, rates)
+    kinds = {w.kind for w in recorded.forward} | {w.random for w in recorded.forward}
+    assert {MATMUL, True} <= kinds, "the forward has a product and a random draw"
+    backward = 0.0
+    for work in recorded.forward:
+        forward = op_seconds(work, rates)
+        expected = 2.0 * forward if work.kind == MATMUL else 0.0 if work.random else forward
+        assert backward_seconds(work, forward) == expected
+        backward += expected
+    assert priced.step_time == pytest.approx(priced.forward_time + backward, rel=1e-12)
+    assert priced.forward_time < backward < 2.0 * priced.forward_time
