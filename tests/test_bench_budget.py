@@ -398,6 +398,7 @@ def test_the_backward_bench_sets_each_estimate_beside_the_measured_split() -> No
     from _zoo import build
 
     from accel import get_backend
+    from accel._compat import fake_profile_unavailable
 
     backend = get_backend("cpu")
     lstm, custom = (build(family, "small") for family in ("lstm", "custom"))
@@ -406,6 +407,9 @@ def test_the_backward_bench_sets_each_estimate_beside_the_measured_split() -> No
     assert one_forward["twice_the_forward_ratio"] == 2.0
     assert 1.0 < one_forward["call_by_call_ratio"] < 2.0  # products twice, draws free
     recorded = bench_backward.estimated(custom, backend)
-    assert not recorded["fallback"] and recorded["recorded_ratio"] > 0
+    if fake_profile_unavailable() is None:
+        assert not recorded["fallback"] and recorded["recorded_ratio"] > 0
+    else:  # torch 2.4 profiles every model on real tensors: no backward is recorded
+        assert recorded["fallback"] and recorded["recorded"] is None
     timed = bench_backward.measured(custom, backend, rounds=1)
     assert timed["ratio"] == timed["backward_seconds"] / timed["forward_seconds"] > 0

@@ -352,7 +352,9 @@ def test_a_selective_policy_is_priced_per_call_the_device_dispatches() -> None:
     with Count():
         model[0](*inputs)
     recorded = profile_step(_model(), _inputs())
-    assert any(op.name.startswith("prim.") for op in recorded.modules["0"].ops)
+    # Profiled on real tensors (torch 2.4) nothing is dispatched that a step does not.
+    prims = any(op.name.startswith("prim.") for op in recorded.modules["0"].ops)
+    assert prims == (not recorded.fallback)
     rates = builtin_rates("cpu")
     free, dear = (
         candidates(cost(recorded, dataclasses.replace(rates, policy_call_seconds=s)), True)["0"]
