@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import torch
@@ -64,28 +65,20 @@ def written_tensors(func: Any, args: Any, kwargs: dict[str, Any]) -> list[torch.
 
 # Per-overload facts the forward guard asks of every operator call, read once: parsing a
 # schema's arguments on each call cost more than most small operators themselves.
-_WRITES: dict[Any, tuple[tuple[int, str], ...]] = {}
-_SEEDED: dict[Any, bool] = {}
-
-
+@cache
 def _written_arguments(func: Any) -> tuple[tuple[int, str], ...]:
     """``(position, name)`` of each argument the overload ``func`` writes in place."""
-    found = _WRITES.get(func)
-    if found is None:
-        found = _WRITES[func] = tuple(
-            (position, argument.name)
-            for position, argument in enumerate(func._schema.arguments)
-            if argument.alias_info is not None and argument.alias_info.is_write
-        )
-    return found
+    return tuple(
+        (position, argument.name)
+        for position, argument in enumerate(func._schema.arguments)
+        if argument.alias_info is not None and argument.alias_info.is_write
+    )
 
 
+@cache
 def _draws(func: Any) -> bool:
     """Whether the overload ``func`` draws random numbers (tagged ``nondeterministic_seeded``)."""
-    found = _SEEDED.get(func)
-    if found is None:
-        found = _SEEDED[func] = torch.Tag.nondeterministic_seeded in func.tags
-    return found
+    return torch.Tag.nondeterministic_seeded in func.tags
 
 
 def _overloads(*names: str) -> frozenset[Any]:
@@ -235,11 +228,7 @@ class _KeptCallsGuard(TorchDispatchMode):
         self.decision.kept = None
         out = func(*args, **kwargs)
         kept = bool(self.decision.kept)
-        written = (
-            {storage_key(t) for t in written_tensors(func, args, kwargs)}
-            if _written_arguments(func)
-            else set()
-        )
+        written = {storage_key(t) for t in written_tensors(func, args, kwargs)}
         for pointer in written:
             if (pointer in self.kept_storages) != kept:
                 problem = (
