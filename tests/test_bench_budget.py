@@ -413,3 +413,37 @@ def test_the_backward_bench_sets_each_estimate_beside_the_measured_split() -> No
         assert recorded["fallback"] and recorded["recorded"] is None
     timed = bench_backward.measured(custom, backend, rounds=1)
     assert timed["ratio"] == timed["backward_seconds"] / timed["forward_seconds"] > 0
+
+
+def test_the_pointwise_bench_prices_each_table_beside_the_profiled_step(tmp_path: Path) -> None:
+    import json
+
+    import bench_pointwise
+    import torch
+    from _zoo import build
+
+    from accel import get_backend
+    from checkpointing.planner import builtin_rates
+    from checkpointing.planner._work import op_work
+
+    backend = get_backend("cpu")
+    # A table from a bench_rates.py file at half the built-in byte rates.
+    built_in = builtin_rates("cpu").to_dict()
+    halved = {
+        **built_in,
+        "memory_bytes": built_in["memory_bytes"] / 2,
+        "operator_bytes": {k: v / 2 for k, v in built_in["operator_bytes"].items()},
+    }
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps({"benchmark": "rates", "runs": {"one": halved}}))
+    tables = {"built-in": builtin_rates("cpu"), "halved": bench_pointwise.table(str(path), backend)}
+    custom = build("custom", "small")
+    seconds, operators, forward_only = bench_pointwise.priced(custom, backend, tables)
+    assert operators and seconds["built-in"] < seconds["halved"] < 2 * seconds["built-in"]
+    real = bench_pointwise.measured(custom, backend, operators, forward_only, rounds=1)
+    assert real > 0
+    # Products, random draws and unwritten allocations are not priced by bytes.
+    aten, x = torch.ops.aten, torch.ones(8, 8)
+    assert bench_pointwise.byte_priced(op_work(aten.gelu.default, (x,), {}, x, 256))
+    assert not bench_pointwise.byte_priced(op_work(aten.mm.default, (x, x), {}, x, 256))
+    assert not bench_pointwise.byte_priced(op_work(aten.empty_like.default, (x,), {}, x, 256))

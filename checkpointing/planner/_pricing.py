@@ -9,9 +9,10 @@ rates therefore prices again and never profiles again. An operator call takes
 with the flop rate of its class (matmul, attention, convolution; an FFT at the matmul
 rate, the rates having no class of their own for it), its bytes (arguments read and new
 storages written) at its operator's own byte rate where the rates have one, else the
-default one, and a random draw's new bytes at the random-draw rate. A view, an alias or
-a metadata query moves nothing and costs the call seconds alone; a ``prim`` query, which
-only the fake step dispatches, costs nothing.
+default one, and a random draw's new bytes at the random-draw rate. A view, an alias, a
+metadata query or an allocation left unwritten (``empty_like``) moves nothing and costs
+the call seconds alone; a ``prim`` query, which only the fake step dispatches, costs
+nothing.
 
 Where the step ran on real tensors (``fallback``), no backward was recorded, and each
 forward call's backward is estimated from the call itself (:func:`backward_seconds`): a
@@ -71,7 +72,7 @@ def op_seconds(work: OpWork, rates: DeviceRates) -> float:
     if work.operator.startswith(_FAKE_ONLY):
         return 0.0
     if not work.moves:
-        return rates.call_seconds  # a view, an alias, a metadata query: nothing moves
+        return rates.call_seconds  # a view, an alias, a query, an empty: nothing moves
     if work.kind in (MATMUL, FFT):
         compute = work.flops / rates.matmul_flops
     elif work.kind == ATTENTION:

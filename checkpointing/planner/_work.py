@@ -49,6 +49,9 @@ _MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm", "
 _CONVOLUTION = frozenset({"convolution", "convolution_backward", "_convolution"})
 _RNN_LAYERS = frozenset({"mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell"})
 _FFT = frozenset({"_fft_r2c", "_fft_c2r", "_fft_c2c"})
+#: Allocations that leave their storage unwritten: the call returns memory it never
+#: touches, and the operator that first writes it pays for the bytes.
+_UNWRITTEN = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,13 @@ class OpWork:
 
     @property
     def moves(self) -> bool:
-        """Whether the call moves memory (a view, an alias or a metadata query does not)."""
+        """Whether the call moves memory.
+
+        A view, an alias and a metadata query do not, and neither does an allocation
+        left unwritten (``empty_like``): it returns pages it never touches.
+        """
+        if self.operator.split(".")[:2][-1] in _UNWRITTEN:  # "aten.empty_like.default"
+            return False
         return self.fresh_bytes > 0 or self.mutates
 
 

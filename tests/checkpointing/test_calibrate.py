@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ _QUICK = _stopwatch.Sizes(
     sample_seconds=0.0,
     width=8,
     short_call=0.0,
+    evict_ratio=1.0,
 )
 
 
@@ -230,42 +230,64 @@ def test_built_in_tables_are_valid() -> None:
     assert dataclasses.replace(builtin_rates("hpu"), device_type="xla") == builtin_rates("xla")
 
 
-def test_the_stopwatch_times_each_sample_on_fresh_arguments() -> None:
+def test_the_cold_stopwatch_clears_the_caches_before_each_sample_on_its_own_arguments(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
     made: list[list[int]] = []
     stepped: list[list[int]] = []
 
     def setup() -> list[int]:
         made.append([len(made)])
+        events.append("setup")
         return made[-1]
 
-    seconds = _stopwatch.seconds_each(setup, stepped.append, accel.get_backend("cpu"), _QUICK)
+    def step(argument: list[int]) -> None:
+        stepped.append(argument)
+        events.append("step")
+
+    written: list[int] = []
+
+    def evict(buffer: torch.Tensor) -> None:
+        events.append("evict")
+        written.append(buffer.numel() * buffer.element_size())
+
+    monkeypatch.setattr(_stopwatch, "_evict", evict)
+    sizes = dataclasses.replace(_QUICK, evict_ratio=2.0)
+    seconds = _stopwatch.cold_seconds(setup, step, 4096, accel.get_backend("cpu"), sizes)
     assert seconds >= 0.0
-    # One warm-up, then one sample per round, each on what its own setup made.
-    assert len(made) == len(stepped) == 1 + _QUICK.rounds
+    # Twice the call's bytes written before each sample (evict_ratio).
+    assert written == [2 * 4096] * _QUICK.rounds
+    # One warm-up, then per round: its own arguments made, the caches cleared, one call.
+    assert events == ["setup", "step"] + ["setup", "evict", "step"] * _QUICK.rounds
     assert all(a is b for a, b in zip(made, stepped, strict=True))
 
 
-def test_in_place_operators_are_timed_on_fresh_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
-    used: list[str] = []
+def test_the_eviction_writes_every_element_of_its_buffer() -> None:
+    buffer = torch.zeros(1000)
+    _stopwatch._evict(buffer)
+    _stopwatch._evict(buffer)
+    assert torch.equal(buffer, torch.full((1000,), 2.0))
 
-    def spy(name: str) -> Callable[..., float]:
-        real = getattr(_stopwatch, name)
 
-        def timer(*args: Any) -> float:
-            used.append(name)
-            result: float = real(*args)
-            return result
+def test_in_place_operators_are_timed_on_fresh_arguments_and_others_on_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[object] = []
+    real = _operator_rates._instantiate
 
-        return timer
+    def counting(*args: Any) -> Any:
+        made.append(args)
+        return real(*args)
 
-    for name in ("seconds", "seconds_each"):
-        monkeypatch.setattr(_stopwatch, name, spy(name))
+    monkeypatch.setattr(_operator_rates, "_instantiate", counting)
     calls = {str(c.func): c for c in _operator_rates.record_calls(_Small(), (torch.randn(4, 8),))}
     backend = accel.get_backend("cpu")
-    for name, timer in (("aten.div_.Scalar", "seconds_each"), ("aten.silu.default", "seconds")):
-        used.clear()
-        timed = _operator_rates._time_call(calls[name], torch.device("cpu"), backend, _QUICK)
-        assert timed is not None and used == [timer], name
+    sizes = dataclasses.replace(_QUICK, rounds=3)
+    for name, instances in (("aten.div_.Scalar", 1 + sizes.rounds), ("aten.silu.default", 1)):
+        made.clear()
+        timed = _operator_rates._time_call(calls[name], torch.device("cpu"), backend, sizes)
+        assert timed is not None and len(made) == instances, name
 
 
 def test_a_rate_comes_only_from_calls_whose_bytes_matter(monkeypatch: pytest.MonkeyPatch) -> None:

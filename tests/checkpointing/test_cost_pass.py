@@ -241,6 +241,27 @@ def test_a_view_moves_nothing_and_costs_the_call_alone() -> None:
     assert op_seconds(work, builtin_rates("cpu")) == builtin_rates("cpu").call_seconds
 
 
+@pytest.mark.parametrize(
+    ("func", "args"),
+    [
+        (aten.empty_like.default, (torch.ones(256, 256),)),
+        (aten.empty.memory_format, ([256, 256],)),
+        (aten.new_empty_strided.default, (torch.ones(2), [256, 256], [256, 1])),
+    ],
+)
+def test_an_allocation_left_unwritten_costs_the_call_alone(func: Any, args: Any) -> None:
+    # It returns pages it never touches: the first call that writes them pays for them.
+    out = func(*args)
+    work = op_work(func, args, {}, out, out.untyped_storage().nbytes())
+    assert work.fresh_bytes == 256 * 256 * 4 and not work.moves
+    assert op_seconds(work, builtin_rates("cpu")) == builtin_rates("cpu").call_seconds
+    # An allocation that writes its bytes is priced by them.
+    like = torch.ones(256, 256)
+    filled = op_work(aten.ones_like.default, (like,), {}, torch.ones_like(like), 256 * 256 * 4)
+    assert filled.moves
+    assert op_seconds(filled, builtin_rates("cpu")) > builtin_rates("cpu").call_seconds
+
+
 def test_profile_step_records_for_the_backend_it_names() -> None:
     profile = profile_step(_model(), _inputs(), backend="cpu")
     assert profile.device_type == accel.get_backend("cpu").device_type

@@ -37,7 +37,7 @@ from . import _stopwatch
 from ._operator_rates import model_operator_rates, record_calls
 from ._overheads import region_overhead, selective_overhead
 from ._saved_machinery import saved_machinery
-from ._stopwatch import Sizes, seconds
+from ._stopwatch import Sizes, cold_seconds, seconds
 
 __all__ = ["calibrate_rates"]
 
@@ -173,7 +173,8 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
             lambda: nn.functional.scaled_dot_product_attention(q, q, q), backend, sizes
         )
         x = torch.randn(sizes.elements, device=device)
-        memory = 3 * tensor_bytes(x) / seconds(lambda: x + x, backend, sizes)
+        moved = 3 * tensor_bytes(x)
+        memory = moved / cold_seconds(lambda: x, lambda x: x + x, moved, backend, sizes)
         random = tensor_bytes(x) / seconds(
             lambda: torch.empty_like(x).bernoulli_(0.9), backend, sizes
         )

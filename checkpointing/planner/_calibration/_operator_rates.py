@@ -3,7 +3,8 @@
 :func:`record_calls` runs one training step of the model on fake tensors (forward and
 backward, as the planner's profile does) and keeps the calls the cost model prices by
 bytes; :func:`model_operator_rates` times each operator at its most common shapes and
-dtypes on new random tensors on the device (:mod:`._stopwatch`). Only for
+dtypes on new random tensors on the device, out of its caches as in a step
+(:func:`._stopwatch.cold_seconds`). Only for
 :func:`._calibrate.calibrate_rates`: planning never calls it.
 """
 
@@ -222,20 +223,22 @@ def model_operator_rates(
 def _time_call(
     call: _Call, device: torch.device, backend: Accelerator, sizes: Sizes
 ) -> float | None:
-    """Median seconds of one call on fresh real tensors, or ``None`` if it fails on them."""
+    """Median seconds of one call on real tensors, or ``None`` if it fails on them.
+
+    Timed out of the caches (:func:`._stopwatch.cold_seconds`), as in a step.
+    """
     mutates = any(
         arg.alias_info is not None and arg.alias_info.is_write
         for arg in call.func._schema.arguments
     )
     try:
         if mutates:  # fresh arguments per sample, or its work would compound
-            return _stopwatch.seconds_each(
-                lambda: _instantiate(call, device),
-                lambda made: call.func(*made[0], **made[1]),
-                backend,
-                sizes,
-            )
-        args, kwargs = _instantiate(call, device)
-        return _stopwatch.seconds(lambda: call.func(*args, **kwargs), backend, sizes)
+            setup = lambda: _instantiate(call, device)  # noqa: E731
+        else:
+            made = _instantiate(call, device)
+            setup = lambda: made  # noqa: E731
+        return _stopwatch.cold_seconds(
+            setup, lambda args: call.func(*args[0], **args[1]), call.moved, backend, sizes
+        )
     except Exception:  # values the call refuses (an index, a shape): skip it
         return None
