@@ -194,7 +194,8 @@ _LATER_FIELDS = frozenset(
 # (their bytes at the default rate take at least two fixed costs).
 # - The byte rates (memory_bytes, operator_bytes) and replay_seconds, which prices a
 #   replayed call's work at them: 2026-11-29, each call timed out of the caches
-#   (_calibration._stopwatch.cold_seconds), 21 runs
+#   (_calibration._stopwatch.cold_seconds), 22 runs (not Mixtral's: the calibration's
+#   fake step lacked the profile's layouts then)
 #   (benchmarks/results/rates-cpu-cold-20261129.json).
 # - The other rates: 2026-11-28, 21 runs (benchmarks/results/rates-cpu-machinery-20261128.json).
 # See docs/memory-budget-planning.md, "Device rates".

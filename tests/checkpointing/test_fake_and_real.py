@@ -331,3 +331,17 @@ def test_a_float32_mixture_of_experts_plans_on_fake_tensors_and_trains_exactly()
     assert plan.decisions  # something is recomputed at 0.5
     plan.apply(model)
     _assert_exact(model, reference, inputs)
+
+
+@_GROUPED
+def test_a_float32_mixture_of_experts_has_its_operators_calibrated() -> None:
+    # calibrate_rates records the step on fake tensors as the profile does: without the
+    # profile's layouts the fake grouped product refuses float32 (torch 2.13), and the
+    # calibration of Mixtral failed.
+    from checkpointing.planner._calibration import _operator_rates
+
+    model = nn.Sequential(*(Experts() for _ in range(BLOCKS)), nn.Linear(WIDTH, 1)).train()
+    inputs = (torch.randn(BATCH, 8, WIDTH),)
+    operators = {str(call.func) for call in _operator_rates.record_calls(model, inputs)}
+    assert "aten.gelu.default" in operators and "aten.index_copy.default" in operators
+

@@ -25,6 +25,7 @@ from accel import Accelerator
 
 from ..._measure import storage_key
 from ..._steps import require_grad, tensors_of
+from .._layouts import DeviceLayouts
 from .._leftovers import leaving_nothing, tracking
 from .._profile import call_with_state, fake_state
 from .._sharded import unsharded
@@ -134,6 +135,9 @@ def _fake_step(model: nn.Module, example_inputs: Any, recorder: _Recorder) -> No
         )
     with ExitStack() as stack:
         stack.enter_context(mode)
+        # As the planner's profile lays them out (a grouped product's float32 outputs,
+        # batch norm's layouts): the same calls, and a step the fake kernels accept.
+        stack.enter_context(DeviceLayouts())
         stack.enter_context(tracking())
         stack.enter_context(recorder)
         output = call_with_state(model, state, inputs)
