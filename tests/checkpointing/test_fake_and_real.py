@@ -344,4 +344,3 @@ def test_a_float32_mixture_of_experts_has_its_operators_calibrated() -> None:
     inputs = (torch.randn(BATCH, 8, WIDTH),)
     operators = {str(call.func) for call in _operator_rates.record_calls(model, inputs)}
     assert "aten.gelu.default" in operators and "aten.index_copy.default" in operators
-
