@@ -25,15 +25,13 @@ import time
 from typing import Any
 
 import torch
+from _per_family import add_family_arguments, built
 from _report import print_table, write_results
-from _zoo import FAMILIES, ZooModel, build, unusable
+from _zoo import ZooModel
 
 from accel import Accelerator, get_backend
 from checkpointing.planner import builtin_rates, profile_step
 from checkpointing.planner._pricing import backward_seconds, op_seconds
-
-#: Left out by default: Mamba's slow path takes seconds a step on a host CPU.
-SLOW = ("mamba",)
 
 
 def estimated(case: ZooModel, backend: Accelerator) -> dict[str, Any]:
@@ -77,23 +75,12 @@ def measured(case: ZooModel, backend: Accelerator, rounds: int) -> dict[str, Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = ",".join(f for f in FAMILIES if f not in SLOW)
-    parser.add_argument("--model", default=default, help=f"families (default: {default})")
-    parser.add_argument("--size", default="bench", choices=("small", "bench"))
-    parser.add_argument("--rounds", type=int, default=20, help="timed steps per family")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
+    add_family_arguments(parser, rounds=20, what="timed steps")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     backend = get_backend()
     rows: dict[str, dict[str, Any]] = {}
-    for family in args.model.split(","):
-        reason = unusable(family)
-        if reason is not None:
-            print(f"{family}: skipped ({reason})", file=sys.stderr)
-            continue
-        case = build(family, args.size)
-        case.to(backend.device())
+    for case in built(args, backend):
+        family = case.family
         rows[family] = {
             "estimated": estimated(case, backend),
             "measured": measured(case, backend, args.rounds),

@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _per_family import add_family_arguments, built
 from _rates_runs import combine
 from _report import print_table, write_results
-from _zoo import FAMILIES, ZooModel, build, unusable
+from _zoo import ZooModel
 from torch import profiler
 
 from accel import Accelerator, get_backend
@@ -41,9 +42,6 @@ from checkpointing import DeviceRates
 from checkpointing.planner import builtin_rates, profile_step
 from checkpointing.planner._pricing import op_seconds
 from checkpointing.planner._work import OpWork
-
-#: Left out by default: Mamba's slow path takes seconds a step on a host CPU.
-SLOW = ("mamba",)
 
 
 def table(path: str, backend: Accelerator) -> DeviceRates:
@@ -96,11 +94,7 @@ def measured(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = ",".join(f for f in FAMILIES if f not in SLOW)
-    parser.add_argument("--model", default=default, help=f"families (default: {default})")
-    parser.add_argument("--size", default="bench", choices=("small", "bench"))
-    parser.add_argument("--rounds", type=int, default=3, help="profiled steps per family")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
+    add_family_arguments(parser, rounds=3, what="profiled steps")
     parser.add_argument(
         "--rates",
         action="append",
@@ -109,21 +103,14 @@ def main() -> None:
         help="also price with the table of this bench_rates.py results file",
     )
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     backend = get_backend()
     tables = {"built-in": builtin_rates(backend.device_type)}
     for given in args.rates:
         name, _, path = given.partition("=")
         tables[name] = table(path, backend)
     rows: dict[str, dict[str, Any]] = {}
-    for family in args.model.split(","):
-        reason = unusable(family)
-        if reason is not None:
-            print(f"{family}: skipped ({reason})", file=sys.stderr)
-            continue
-        case = build(family, args.size)
-        case.to(backend.device())
+    for case in built(args, backend):
+        family = case.family
         seconds, operators, forward_only = priced(case, backend, tables)
         real = measured(case, backend, operators, forward_only, args.rounds)
         rows[family] = {

@@ -447,3 +447,30 @@ def test_the_pointwise_bench_prices_each_table_beside_the_profiled_step(tmp_path
     assert bench_pointwise.byte_priced(op_work(aten.gelu.default, (x,), {}, x, 256))
     assert not bench_pointwise.byte_priced(op_work(aten.mm.default, (x, x), {}, x, 256))
     assert not bench_pointwise.byte_priced(op_work(aten.empty_like.default, (x,), {}, x, 256))
+
+
+def test_the_per_family_benches_build_each_usable_family_at_its_size(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    import _per_family
+    import torch
+
+    from accel import get_backend
+
+    parser = argparse.ArgumentParser()
+    _per_family.add_family_arguments(parser, rounds=7, what="steps")
+    args = parser.parse_args(["--model", "lstm,unusable,custom", "--size", "small"])
+    assert args.rounds == 7 and args.threads == 1 and "mamba" not in parser.get_default("model")
+    monkeypatch.setattr(
+        _per_family, "unusable", lambda family: "not here" if family == "unusable" else None
+    )
+    threads = torch.get_num_threads()
+    try:
+        cases = list(_per_family.built(args, get_backend("cpu")))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert [case.family for case in cases] == ["lstm", "custom"]
+    assert "unusable: skipped (not here)" in capsys.readouterr().err
