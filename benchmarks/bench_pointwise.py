@@ -40,8 +40,7 @@ from torch import profiler
 from accel import Accelerator, get_backend
 from checkpointing import DeviceRates
 from checkpointing.planner import builtin_rates, profile_step
-from checkpointing.planner._pricing import op_seconds
-from checkpointing.planner._work import OpWork
+from checkpointing.planner._pricing import by_bytes, op_seconds
 
 
 def table(path: str, backend: Accelerator) -> DeviceRates:
@@ -52,20 +51,15 @@ def table(path: str, backend: Accelerator) -> DeviceRates:
     return DeviceRates.from_dict({**values, "source": f"bench_rates.py: {path}"})
 
 
-def byte_priced(work: OpWork) -> bool:
-    """Whether the cost model prices ``work`` by its bytes at a byte rate."""
-    return not work.kind and not work.random and work.moves
-
-
 def priced(
     case: ZooModel, backend: Accelerator, tables: dict[str, DeviceRates]
 ) -> tuple[dict[str, float], set[str], bool]:
     """Each table's seconds for the step's byte-priced calls, their operators, and
     whether only the forward was recorded."""
     recorded = profile_step(case.model, case.inputs, backend=backend)
-    calls = [w for w in (*recorded.forward, *recorded.backward) if byte_priced(w)]
+    calls = [w for w in (*recorded.forward, *recorded.backward) if by_bytes(w)]
     seconds = {name: sum(op_seconds(w, rates) for w in calls) for name, rates in tables.items()}
-    operators = {w.operator.split(".")[1] for w in calls}
+    operators = {w.name for w in calls}
     return seconds, operators, bool(recorded.fallback)
 
 

@@ -424,6 +424,7 @@ def test_the_pointwise_bench_prices_each_table_beside_the_profiled_step(tmp_path
 
     from accel import get_backend
     from checkpointing.planner import builtin_rates
+    from checkpointing.planner._pricing import by_bytes
     from checkpointing.planner._work import op_work
 
     backend = get_backend("cpu")
@@ -444,9 +445,9 @@ def test_the_pointwise_bench_prices_each_table_beside_the_profiled_step(tmp_path
     assert real > 0
     # Products, random draws and unwritten allocations are not priced by bytes.
     aten, x = torch.ops.aten, torch.ones(8, 8)
-    assert bench_pointwise.byte_priced(op_work(aten.gelu.default, (x,), {}, x, 256))
-    assert not bench_pointwise.byte_priced(op_work(aten.mm.default, (x, x), {}, x, 256))
-    assert not bench_pointwise.byte_priced(op_work(aten.empty_like.default, (x,), {}, x, 256))
+    assert by_bytes(op_work(aten.gelu.default, (x,), {}, x, 256))
+    assert not by_bytes(op_work(aten.mm.default, (x, x), {}, x, 256))
+    assert not by_bytes(op_work(aten.empty_like.default, (x,), {}, x, 256))
 
 
 def test_the_per_family_benches_build_each_usable_family_at_its_size(

@@ -37,7 +37,7 @@ from ._cost import DeviceRates
 from ._records import ModuleProfile, OpCall, RecordedStep, StepProfile
 from ._work import ATTENTION, CONVOLUTION, FFT, MATMUL, OpWork
 
-__all__ = ["backward_seconds", "cost", "dispatched", "op_seconds"]
+__all__ = ["backward_seconds", "by_bytes", "cost", "dispatched", "op_seconds"]
 
 #: Operators the fake step dispatches and the device's never does: a fake tensor answers
 #: ``tensor.device`` through ``prim.device``, a real one in C++ without a dispatch.
@@ -52,6 +52,15 @@ def dispatched(ops: Iterable[OpCall]) -> int:
     policy runs once per dispatched call, so it is priced per these only.
     """
     return sum(1 for op in ops if not op.name.startswith(_FAKE_ONLY))
+
+
+def by_bytes(work: OpWork) -> bool:
+    """Whether ``work``'s price rests on a byte rate of the table's (:func:`op_seconds`).
+
+    Not a matrix product's, attention's or a convolution's (their flops), nor a random
+    draw's (the random-draw rate), nor a call that moves nothing (the call seconds).
+    """
+    return work.kind not in (MATMUL, ATTENTION, CONVOLUTION) and not work.random and work.moves
 
 
 def backward_seconds(work: OpWork, forward: float) -> float:

@@ -85,9 +85,15 @@ class OpWork:
         A view, an alias and a metadata query do not, and neither does an allocation
         left unwritten (``empty_like``): it returns pages it never touches.
         """
-        if self.operator.split(".")[:2][-1] in _UNWRITTEN:  # "aten.empty_like.default"
+        if self.name in _UNWRITTEN:
             return False
         return self.fresh_bytes > 0 or self.mutates
+
+    @property
+    def name(self) -> str:
+        """The operator's name without namespace or overload (``"gelu"``)."""
+        parts = self.operator.split(".")
+        return parts[1] if len(parts) > 1 else self.operator
 
 
 def op_kind(func: Any) -> str:

@@ -27,9 +27,10 @@ from ..._measure import storage_key
 from ..._steps import require_grad, tensors_of
 from .._layouts import DeviceLayouts
 from .._leftovers import leaving_nothing, tracking
+from .._pricing import by_bytes
 from .._profile import call_with_state, fake_state
 from .._sharded import unsharded
-from .._work import ATTENTION, CONVOLUTION, MATMUL, op_work
+from .._work import op_work
 from . import _stopwatch
 from ._stopwatch import Sizes
 
@@ -98,7 +99,7 @@ class _Recorder(TorchDispatchMode):
         fresh = {storage_key(t): t for t in tensors_of(out) if storage_key(t) not in inputs}
         fresh_bytes = sum(t.untyped_storage().nbytes() for t in fresh.values())
         work = op_work(func, args, kwargs, out, fresh_bytes)
-        if work.kind in (MATMUL, ATTENTION, CONVOLUTION) or work.random or not work.moves:
+        if not by_bytes(work):
             return out  # priced by flops, by random_bytes, or per call only
         moved = work.read_bytes + work.fresh_bytes
         if moved > 0:
