@@ -19,6 +19,7 @@ from typing import Any
 
 from checkpointing import DeviceRates
 from checkpointing.planner import builtin_rates
+from checkpointing.planner._tables import CPU_TABLES, HostProcessor
 
 GENERAL = (
     "matmul_flops",
@@ -64,6 +65,22 @@ def combine(
     return general, operators
 
 
+def _built_in(values: Mapping[str, Any], device: str) -> DeviceRates:
+    """The built-in table of the device a results file was measured on.
+
+    For the CPU, the table of the processor its ``machine`` names; files written before
+    the machine named its processor were all measured on the first table's host.
+    """
+    cpu = values.get("machine", {}).get("cpu")
+    if device != "cpu":
+        return builtin_rates(device)
+    if not isinstance(cpu, dict):
+        return CPU_TABLES[0].rates
+    return builtin_rates(
+        "cpu", HostProcessor(cpu["vendor"], cpu["family"], cpu["model"], cpu["name"])
+    )
+
+
 def left_out(path: str | Path, family: str) -> DeviceRates:
     """The rates of ``bench_rates.py``'s results file at ``path`` without ``family``'s run.
 
@@ -84,9 +101,10 @@ def left_out(path: str | Path, family: str) -> DeviceRates:
     others = {name: run for name, run in runs.items() if name != family}
     # A checkpoint's and a saved-grain call's own costs are timed on small chains, not
     # on any family, so runs older than those fields read the built-in table's: out of
-    # sample for every family, and priced as the in-sample rates price them.
+    # sample for every family, and priced as the in-sample rates price them: the table
+    # of the host the file was measured on.
     device = str(values.get("backend", "cpu"))
-    general, operators = combine(others, builtin_rates(device))
+    general, operators = combine(others, _built_in(values, device))
     without = "without" if family in runs else "which has no run of"
     return DeviceRates(
         device_type=device,

@@ -19,10 +19,20 @@ def machine() -> dict[str, Any]:
     import torch
 
     import accel
+    from checkpointing.planner._tables import cpu_table, host_processor
 
+    cpu = host_processor()
     facts: dict[str, Any] = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        # What the host's CPU is, and the built-in CPU table the planner takes for it.
+        "cpu": {
+            "name": cpu.name,
+            "vendor": cpu.vendor,
+            "family": cpu.family,
+            "model": cpu.model,
+            "built_in_table": cpu_table(cpu).processor,
+        },
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

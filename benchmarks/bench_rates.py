@@ -1,4 +1,4 @@
-"""The built-in CPU rates of the planner's cost model, measured: how `_cost._CPU` was made.
+"""The built-in CPU rates of the planner's cost model, measured: how each CPU table was made.
 
 ``checkpointing.calibrate_rates`` run on this host, with one intra-op thread: once per
 zoo family at its benchmark size, with the family's model (so that every pointwise,
@@ -8,8 +8,10 @@ convolutions, memory, random draws, the fixed cost of a call, the selective poli
 cost per call and per kept call, a saved-tensor hook's) is the median over every run;
 each operator's byte rate is the median over the families that call it.
 
-Prints the table as Python (to paste into ``_cost.py``) and writes the runs to
-``benchmarks/results/rates-cpu-DATE.json``. Run it on an otherwise idle host.
+Prints the table as Python (to paste into ``checkpointing/planner/_tables.py``, as the
+table of this host's processor: see ``CPU_TABLES``) and writes the runs to
+``benchmarks/results/rates-cpu-DATE.json``, whose ``machine`` names the processor. Run
+it on an otherwise idle host.
 
 Usage: python benchmarks/bench_rates.py [--model a,b|all] [--plain 3]
 """
@@ -57,7 +59,7 @@ def main() -> int:
         runs[family] = rates.to_dict()
         print(f"{family}: {len(rates.operator_bytes)} operators")
     general, operators = combine(runs)
-    print("\n# proposed _CPU table")
+    print("\n# proposed table for this host's processor (checkpointing/planner/_tables.py)")
     for name in GENERAL:
         print(f"    {name}={general[name]:.3g},")
     print("    operator_bytes={")

@@ -191,11 +191,16 @@ def test_the_bench_takes_rounds_until_every_interval_is_narrow(
     assert loose["agreed"] and loose["rounds"] == 2
 
 
-def _rates_file(tmp_path: Path, runs: dict[str, dict[str, Any]]) -> Path:
+def _rates_file(
+    tmp_path: Path, runs: dict[str, dict[str, Any]], cpu: dict[str, Any] | None = None
+) -> Path:
     import json
 
     path = tmp_path / "rates-cpu-20261128.json"
-    path.write_text(json.dumps({"benchmark": "rates", "backend": "cpu", "runs": runs}))
+    values: dict[str, Any] = {"benchmark": "rates", "backend": "cpu", "runs": runs}
+    if cpu is not None:
+        values["machine"] = {"cpu": cpu}
+    path.write_text(json.dumps(values))
     return path
 
 
@@ -254,21 +259,26 @@ def test_runs_older_than_the_call_costs_read_them_from_the_built_in_table(
 ) -> None:
     from _rates_runs import left_out
 
-    from checkpointing.planner import builtin_rates
+    from checkpointing.planner._tables import CPU_TABLES
 
     # Runs calibrated before a checkpoint's and a saved-grain call's own costs were
     # measured: out of sample, those costs are the built-in table's (timed on small
-    # chains, not on any family), not 0, which would price both as free.
+    # chains, not on any family), not 0, which would price both as free. The table is
+    # that of the host the file was measured on, whichever host reads it: files that do
+    # not name their processor come from the first table's host.
     old = {
         name: value
         for name, value in _run(1.0).items()
         if name not in ("region_seconds", "saved_call_seconds")
     }
     rates = left_out(_rates_file(tmp_path, {"plain 0": old, "bert": _run(2.0)}), "bert")
-    table = builtin_rates("cpu")
-    assert rates.region_seconds == table.region_seconds > 0
-    assert rates.saved_call_seconds == table.saved_call_seconds > 0
+    first, zen5 = CPU_TABLES[0].rates, CPU_TABLES[1].rates
+    assert rates.region_seconds == first.region_seconds > 0
+    assert rates.saved_call_seconds == first.saved_call_seconds > 0
     assert rates.matmul_flops == 1.0
+    cpu = {"vendor": "AuthenticAMD", "family": 26, "model": 2, "name": "AMD EPYC"}
+    rates = left_out(_rates_file(tmp_path, {"plain 0": old}, cpu), "bert")
+    assert rates.region_seconds == zen5.region_seconds != first.region_seconds
     # Where the runs have them, their median is taken, as for every other rate.
     both = left_out(_rates_file(tmp_path, {"plain 0": _run(1.0), "plain 1": _run(3.0)}), "x")
     assert both.region_seconds == both.saved_call_seconds == 2.0

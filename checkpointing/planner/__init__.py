@@ -32,7 +32,7 @@ and caches them for stage 1; its ``_stopwatch`` is the one module that reads a c
 from __future__ import annotations
 
 from ._calibration import calibrate_rates
-from ._cost import DeviceRates, builtin_rates
+from ._cost import DeviceRates
 from ._default_rates import default_rates, rates_cache_path
 from ._grains import Decision
 from ._measure_step import PlanMeasurement
@@ -40,12 +40,14 @@ from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._planning import plan_checkpointing, profile_step
 from ._pricing import cost
 from ._records import RecordedStep, StepProfile
+from ._tables import HostProcessor, builtin_rates
 
 __all__ = [
     "CheckpointPlan",
     "ConsideredPlan",
     "Decision",
     "DeviceRates",
+    "HostProcessor",
     "PlanMeasurement",
     "PlanRow",
     "RecordedStep",

@@ -6,11 +6,12 @@ each operator call computes and moves (:class:`._work.OpWork`); the cost pass
 rate per class (matmul, attention, convolution; an FFT's flops at the matmul rate), one
 byte rate for random draws, a default byte rate for everything else, a byte rate per
 operator where one is known (a layer norm or a GELU reads its bytes several times
-over), and a fixed cost per call. The rates are the built-in table for the device type
-(:func:`builtin_rates`), rates calibrated on the device (:mod:`._calibration`) and
-cached for the host, which :func:`._default_rates.default_rates` prefers to the table,
-or the user's. They are inputs to the plan and recorded in it, so that the same model,
-shapes, dtypes, budget and rates give the same plan in every process, under any load.
+over), and a fixed cost per call. The rates are a built-in table (:mod:`._tables`:
+the host processor's, or an accelerator's), rates calibrated on the device
+(:mod:`._calibration`) and cached for the host, which
+:func:`._default_rates.default_rates` prefers to the table, or the user's. They are
+inputs to the plan and recorded in it, so that the same model, shapes, dtypes, budget
+and rates give the same plan in every process, under any load.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DeviceRates", "builtin_rates", "tensor_bytes"]
+__all__ = ["DeviceRates", "tensor_bytes"]
 
 
 #: A copy's bytes per second between pinned host memory and a device, each way, where
@@ -184,140 +185,6 @@ _LATER_FIELDS = frozenset(
         "saved_call_seconds",
     }
 )
-
-# Measured on this workplace's CPU machine (Intel Xeon, 2 cores, one intra-op thread,
-# torch 2.13.0), idle, by benchmarks/bench_rates.py: checkpointing.calibrate_rates
-# three times without a model and once per zoo family (benchmarks/_zoo.py, every family
-# whose step it can record here, at their benchmark sizes) with the family's model. Each
-# general rate is the median over the runs, each operator's the median over the
-# families that call it. An operator's rate comes only from calls whose bytes matter
-# (their bytes at the default rate take at least two fixed costs).
-# - The byte rates (memory_bytes, operator_bytes) and replay_seconds, which prices a
-#   replayed call's work at them: 2026-11-29, each call timed out of the caches
-#   (_calibration._stopwatch.cold_seconds), 22 runs (not Mixtral's: the calibration's
-#   fake step lacked the profile's layouts then)
-#   (benchmarks/results/rates-cpu-cold-20261129.json).
-# - The other rates: 2026-11-28, 21 runs (benchmarks/results/rates-cpu-machinery-20261128.json).
-# See docs/memory-budget-planning.md, "Device rates".
-_CPU = DeviceRates(
-    device_type="cpu",
-    source="built-in",
-    matmul_flops=1.28e11,
-    attention_flops=7.75e10,
-    convolution_flops=1.04e11,
-    memory_bytes=1.65e10,
-    random_bytes=3.45e08,
-    call_seconds=2.69e-06,
-    policy_call_seconds=8.06e-05,
-    policy_kept_seconds=6.56e-05,
-    hook_seconds=7.62e-06,
-    operator_bytes={
-        "aten._log_softmax.default": 5.83e09,
-        "aten._log_softmax_backward_data.default": 1.01e10,
-        "aten._safe_softmax.default": 1.64e09,
-        "aten._softmax.default": 8.62e09,
-        "aten._softmax_backward_data.default": 1.57e10,
-        "aten._to_copy.default": 9.58e09,
-        "aten.abs.default": 5.22e10,
-        "aten.add.Tensor": 1.39e10,
-        "aten.add_.Tensor": 2.59e10,
-        "aten.bitwise_and.Tensor": 2.21e09,
-        "aten.cat.default": 8.81e09,
-        "aten.clone.default": 1.08e10,
-        "aten.copy_.default": 6.53e09,
-        "aten.div.Scalar": 1.11e10,
-        "aten.div.Tensor": 1.29e10,
-        "aten.div_.Scalar": 1.07e10,
-        "aten.embedding.default": 1.39e10,
-        "aten.embedding_dense_backward.default": 6.71e09,
-        "aten.exp.default": 8.16e09,
-        "aten.full_like.default": 1.13e10,
-        "aten.gather.default": 8.73e09,
-        "aten.gelu.default": 8.23e09,
-        "aten.gelu_backward.default": 3.7e10,
-        "aten.index.Tensor": 3.41e09,
-        "aten.index_put.default": 3.66e09,
-        "aten.mean.dim": 1.68e10,
-        "aten.minimum.default": 2.02e10,
-        "aten.mul.Scalar": 1.16e10,
-        "aten.mul.Tensor": 1.58e10,
-        "aten.native_batch_norm.default": 3.55e09,
-        "aten.native_batch_norm_backward.default": 1.13e10,
-        "aten.native_group_norm.default": 1.06e10,
-        "aten.native_group_norm_backward.default": 9.7e09,
-        "aten.native_layer_norm.default": 1e10,
-        "aten.native_layer_norm_backward.default": 1.39e10,
-        "aten.neg.default": 3.28e10,
-        "aten.new_zeros.default": 9.97e09,
-        "aten.nll_loss_backward.default": 1.27e10,
-        "aten.nll_loss_forward.default": 5.39e10,
-        "aten.ones_like.default": 2.29e10,
-        "aten.pow.Tensor_Scalar": 1.35e10,
-        "aten.relu.default": 1.62e10,
-        "aten.roll.default": 6.92e09,
-        "aten.scatter_add.default": 7.23e09,
-        "aten.select_backward.default": 6.75e09,
-        "aten.sigmoid.default": 7.65e09,
-        "aten.sigmoid_backward.default": 5.88e10,
-        "aten.silu.default": 9.29e09,
-        "aten.silu_backward.default": 4.12e10,
-        "aten.slice_backward.default": 1.15e10,
-        "aten.softplus.default": 2.54e09,
-        "aten.softplus_backward.default": 9.31e09,
-        "aten.stack.default": 8.78e09,
-        "aten.sub.Tensor": 1.28e10,
-        "aten.sum.default": 8.5e09,
-        "aten.sum.dim_IntList": 2.01e10,
-        "aten.tanh.default": 9.43e09,
-        "aten.tanh_backward.default": 5.59e10,
-        "aten.threshold_backward.default": 1.77e10,
-        "aten.upsample_nearest2d.default": 7.16e09,
-        "aten.upsample_nearest2d_backward.default": 1.11e10,
-        "aten.where.self": 9.2e08,
-    },
-    replay_seconds=8.47e-05,
-    pack_bytes=9.48e08,
-    # A checkpointed call's own machinery: region_overhead, the median of 7 runs on the
-    # same machine (367 to 422 us), one thread, 2026-11-29.
-    region_seconds=4.0e-4,
-    # A saved-grain call's own machinery: the median of 7 runs of saved_machinery on the
-    # same machine (110 to 233 us), one thread, 2026-11-29.
-    saved_call_seconds=1.6e-4,
-)
-
-# An accelerator with a host of its own: rates of a current data-centre GPU (dense
-# fp32/tf32 products, HBM bandwidth) and the launch cost of an eager kernel. Plans are
-# decided by ratios of these, so the scale matters less than the proportions.
-_ACCELERATOR = DeviceRates(
-    device_type="accelerator",
-    source="built-in",
-    matmul_flops=200e12,
-    attention_flops=150e12,
-    convolution_flops=100e12,
-    memory_bytes=2.0e12,
-    random_bytes=1.0e12,
-    call_seconds=8e-6,
-    policy_call_seconds=25e-6,
-    policy_kept_seconds=10e-6,
-    hook_seconds=15e-6,
-    # Not measured on an accelerator yet: calibrate_rates measures them there.
-    region_seconds=REGION_SECONDS,
-    saved_call_seconds=SAVED_CALL_SECONDS,
-)
-
-
-def builtin_rates(device_type: str) -> DeviceRates:
-    """The built-in rates for ``device_type``: the host's table, else an accelerator's.
-
-    Args:
-        device_type: A ``torch.device`` type (``"cpu"`` or an accelerator's).
-
-    Returns:
-        The rates, with ``source="built-in"``.
-    """
-    if device_type == "cpu":
-        return _CPU
-    return replace(_ACCELERATOR, device_type=device_type)
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import warnings
 from pathlib import Path
 
@@ -25,7 +24,8 @@ import torch
 
 from accel import Accelerator
 
-from ._cost import DeviceRates, builtin_rates
+from ._cost import DeviceRates
+from ._tables import builtin_rates, cpu_table_note, host_processor
 
 __all__ = [
     "RATES_FORMAT",
@@ -66,14 +66,7 @@ def rates_cache_path(backend: Accelerator) -> Path:
 def device_name(backend: Accelerator) -> str:
     """The device's model name (a host's processor and its intra-op threads), else the backend's."""
     if backend.device_type == "cpu":
-        model = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as info:
-                names = [line.split(":", 1)[1] for line in info if line.startswith("model name")]
-            model = names[0].strip() if names else model
-        except OSError:
-            pass  # not Linux: the platform's name
-        return f"{model}, {torch.get_num_threads()} threads"
+        return f"{host_processor().name}, {torch.get_num_threads()} threads"
     module = getattr(torch, backend.device_type, None)
     try:
         return str(module.get_device_name())  # type: ignore[union-attr]
@@ -109,15 +102,17 @@ def default_rates(backend: Accelerator) -> DeviceRates:
 
 
 def host_rates(backend: Accelerator) -> tuple[DeviceRates, str]:
-    """:func:`default_rates`, and the plan's note on them (empty for the built-in ones).
+    """:func:`default_rates`, and the plan's note on them.
 
     The note names the cache file read and its rates' source (``"calibrated on ..."``),
-    or the file refused and why.
+    or the file refused and why. For the built-in rates it is empty, but on a host
+    whose processor no built-in CPU table was measured on
+    (:func:`._tables.cpu_table_note`).
     """
     path = rates_cache_path(backend)
     builtin = builtin_rates(backend.device_type)
     if not path.is_file():
-        return builtin, ""
+        return builtin, cpu_table_note() if backend.device_type == "cpu" else ""
     try:
         rates = _read(path, backend.device_type)
     except _Refused as refused:

@@ -311,6 +311,31 @@ def test_a_rate_comes_only_from_calls_whose_bytes_matter(monkeypatch: pytest.Mon
     assert "aten.add_.Tensor" in slow
 
 
+def test_operators_that_share_their_arguments_are_each_timed_as_themselves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tanh and a sigmoid of one tensor have the same arguments. Until 2026-12-04 the
+    # first operator recorded with them was timed for both, so tanh, a quarter of a
+    # sigmoid's speed on a Zen 5 host, got the sigmoid's rate.
+    class Pair(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sigmoid(x) + torch.tanh(x)
+
+    calls = _operator_rates.record_calls(Pair(), (torch.randn(64, 64, requires_grad=True),))
+    timed: list[str] = []
+
+    def stopwatch(call: Any, *args: Any) -> float:
+        timed.append(str(call.func))
+        return 4e-3 if "tanh" in str(call.func) else 1e-3
+
+    monkeypatch.setattr(_operator_rates, "_time_call", stopwatch)
+    rates = _operator_rates.model_operator_rates(
+        calls, accel.get_backend("cpu"), 1e-6, 1e9, dataclasses.replace(_QUICK, short_call=2.0)
+    )
+    assert "aten.tanh.default" in timed and "aten.sigmoid.default" in timed
+    assert rates["aten.sigmoid.default"] == pytest.approx(4 * rates["aten.tanh.default"], rel=0.01)
+
+
 def test_a_saved_grain_calls_cost_is_what_its_blocks_add_beyond_their_prices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -18,8 +18,9 @@ from torch import nn
 
 import accel
 from checkpointing import DeviceRates, default_rates, plan_checkpointing
-from checkpointing.planner import builtin_rates, rates_cache_path
+from checkpointing.planner import _tables, builtin_rates, rates_cache_path
 from checkpointing.planner._default_rates import RATES_FORMAT, host_rates, save_rates
+from checkpointing.planner._tables import HostProcessor
 
 # A rate cache as calibrate_rates(save=True) wrote it before the format was recorded:
 # DeviceRates.to_dict(), indented, with no "format".
@@ -59,7 +60,11 @@ def _model() -> nn.Module:
     return nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(4)])
 
 
-def test_without_a_cache_the_built_in_rates_and_no_note() -> None:
+def test_without_a_cache_the_built_in_rates_and_no_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a processor a built-in table was measured on (elsewhere the note names the
+    # table taken: test_rate_tables.py).
+    zen5 = HostProcessor("AuthenticAMD", 26, 2, "AMD EPYC")
+    monkeypatch.setattr(_tables, "host_processor", lambda: zen5)
     backend = accel.get_backend("cpu")
     assert not rates_cache_path(backend).exists()
     assert default_rates(backend) == builtin_rates("cpu")

@@ -31,8 +31,9 @@ from accel import Accelerator
 
 from ..._args import require_bool, resolve_backend
 from ..._selective import unavailable_reason
-from .._cost import DeviceRates, builtin_rates, tensor_bytes
+from .._cost import DeviceRates, tensor_bytes
 from .._default_rates import device_name, save_rates
+from .._tables import builtin_rates
 from . import _stopwatch
 from ._operator_rates import model_operator_rates, record_calls
 from ._overheads import region_overhead, selective_overhead

@@ -193,12 +193,15 @@ def model_operator_rates(
     Operators with no such call get no rate.
     """
     by_operator: dict[str, Counter[str]] = {}
-    example: dict[str, _Call] = {}
+    # Keyed by operator and arguments: a tanh and a sigmoid of one tensor share their
+    # arguments, and each must be timed as itself (until 2026-12-04 the first operator
+    # seen with those arguments was timed for both).
+    example: dict[tuple[str, str], _Call] = {}
     for call in calls:
         name = str(call.func)
         key = call.key()
         by_operator.setdefault(name, Counter())[key] += 1
-        example.setdefault(key, call)
+        example.setdefault((name, key), call)
     device = backend.device()
     rates: dict[str, float] = {}
     with backend.fork_rng(), torch.no_grad():
@@ -212,13 +215,14 @@ def model_operator_rates(
         for name, counts in sorted(by_operator.items()):
             moved = seconds = 0.0
             for key, count in counts.most_common(sizes.shapes):
-                timed = _time_call(example[key], device, backend, sizes)
-                small = example[key].moved / memory_bytes < sizes.short_call * call_seconds
+                call = example[name, key]
+                timed = _time_call(call, device, backend, sizes)
+                small = call.moved / memory_bytes < sizes.short_call * call_seconds
                 if timed is None or small or timed < sizes.short_call * call_seconds:
                     # It failed on real values, or the fixed cost per call prices it:
                     # its bytes say nothing of a rate.
                     continue
-                moved += count * example[key].moved
+                moved += count * call.moved
                 seconds += count * max(timed - call_seconds, timed / 10)
             if moved > 0 and seconds > 0:
                 rates[name] = moved / seconds
