@@ -35,6 +35,7 @@ GENERAL = (
     "pack_bytes",
     "region_seconds",
     "saved_call_seconds",
+    "region_tensor_seconds",
 )
 
 

@@ -18,8 +18,14 @@ how far the planner's estimate is from what the step pays, and for which grain.
 it gets in the step (:mod:`_saved_calls`): the plain call, bare hooks, the grain's
 wrapper with nothing planned, and the call's plan, beside its estimate.
 
+``--by-decision`` instead times the plan with only the rows of one decision applied
+(``checkpoint``, ``recompute cheap ops``, ``recompute saved``...), for each decision
+the plan takes, beside those rows' estimate, and the plain step beside its estimate:
+which grain's recomputation the cost model prices off, and against how far off it
+prices the plain step.
+
 Usage: python benchmarks/bench_budget_breakdown.py --model bert,whisper [--rounds 9]
-[--per-call]
+[--per-call | --by-decision]
 """
 
 from __future__ import annotations
@@ -71,9 +77,68 @@ def _positions(plan: CheckpointPlan, actions: tuple[str, ...]) -> CheckpointPlan
     )
 
 
+def _extra_seconds(
+    case: _zoo.ZooModel, variants: dict[str, CheckpointPlan | None], rounds: int
+) -> tuple[float, dict[str, float]]:
+    """The plain step's median seconds, and each variant's median extra over it.
+
+    ``variants`` holds ``"plain": None`` and the plans to apply, each to its own copy of
+    the model; the rounds are interleaved, and each extra is taken within a round.
+    """
+    backend = accel.get_backend()
+    models = {}
+    for label, variant in variants.items():
+        model = copy.deepcopy(case.model)
+        if variant is not None:
+            variant.apply(model)
+        step(case, model, backend)  # warm-up
+        models[label] = model
+    times = interleaved(lambda label: step(case, models[label], backend), list(models), rounds)
+    extra = {
+        label: statistics.median(a - b for a, b in zip(v, times["plain"], strict=True))
+        for label, v in times.items()
+    }
+    return statistics.median(times["plain"]), extra
+
+
+def by_decision(plan: CheckpointPlan) -> dict[str, tuple[CheckpointPlan, float]]:
+    """Each decision of ``plan`` but keep: the plan with only its rows, and their
+    estimated recompute seconds (the grain's own cost per call and per saved tensor
+    included)."""
+    decisions = sorted({row.decision for row in plan.rows} - {"keep"})
+    return {
+        decision: (
+            replace(plan, choices={n: d for n, d in plan.choices.items() if d.grain == decision}),
+            sum(r.recompute_seconds for r in plan.rows if r.decision == decision),
+        )
+        for decision in decisions
+    }
+
+
+def decision_breakdown(family: str, budget: float, rounds: int) -> dict[str, Any]:
+    """Time each decision's rows of the plan alone against the plain step."""
+    case = _zoo.build(family, "bench")
+    plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, budget)
+    parts = by_decision(plan)
+    variants: dict[str, CheckpointPlan | None] = {"plain": None, "plan": plan}
+    variants.update({decision: part for decision, (part, _) in parts.items()})
+    plain, extra = _extra_seconds(case, variants, rounds)
+    estimated = {decision: seconds for decision, (_, seconds) in parts.items()}
+    estimated["plan"] = sum(estimated.values())
+    return {
+        "family": family,
+        "budget": budget,
+        "plain_step_seconds": plain,
+        "estimated_plain_step_seconds": plan.step_seconds,
+        "estimated_step_time_ratio": plan.estimated_step_time_ratio,
+        "estimated_recompute_seconds": estimated,
+        "extra_seconds": extra,
+        "plan": str(plan),
+    }
+
+
 def breakdown(family: str, budget: float, rounds: int) -> dict[str, Any]:
     """Time the plan's parts against the plain step (see the module docstring)."""
-    backend = accel.get_backend()
     case = _zoo.build(family, "bench")
     plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, budget)
     saved = _only(plan, saved=True)
@@ -85,14 +150,7 @@ def breakdown(family: str, budget: float, rounds: int) -> dict[str, Any]:
         "saved rows, packs only": _positions(saved, (PACK,)),
         "other rows only": _only(plan, saved=False),
     }
-    models = {}
-    for label, variant in variants.items():
-        model = copy.deepcopy(case.model)
-        if variant is not None:
-            variant.apply(model)
-        step(case, model, backend)  # warm-up
-        models[label] = model
-    times = interleaved(lambda label: step(case, models[label], backend), list(models), rounds)
+    plain, extra = _extra_seconds(case, variants, rounds)
     estimated = {
         "saved rows": sum(r.recompute_seconds for r in plan.rows if r.decision == SAVED),
         "other rows": sum(
@@ -102,13 +160,10 @@ def breakdown(family: str, budget: float, rounds: int) -> dict[str, Any]:
     return {
         "family": family,
         "budget": budget,
-        "plain_step_seconds": statistics.median(times["plain"]),
+        "plain_step_seconds": plain,
         "estimated_step_time_ratio": plan.estimated_step_time_ratio,
         "estimated_recompute_seconds": estimated,
-        "extra_seconds": {
-            label: statistics.median(a - b for a, b in zip(v, times["plain"], strict=True))
-            for label, v in times.items()
-        },
+        "extra_seconds": extra,
         "plan": str(plan),
     }
 
@@ -119,10 +174,16 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.5, help="memory budget (0.5)")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved timed rounds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1)")
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--per-call",
         action="store_true",
         help="time each saved-grain call alone instead (bare hooks, wrapper, plan)",
+    )
+    mode.add_argument(
+        "--by-decision",
+        action="store_true",
+        help="time each decision's rows alone instead (checkpoint, selective, saved...)",
     )
     add_option(parser)
     args = parser.parse_args()
@@ -130,6 +191,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.per_call:
         _per_call(args, allocator)
+        return
+    if args.by_decision:
+        _by_decision(args, allocator)
         return
     found = [breakdown(f, args.budget, args.rounds) for f in args.model.split(",")]
     rows = []
@@ -151,6 +215,36 @@ def main() -> None:
             )
     print_table(("model", "variant", "extra step time", "estimated", "step ratio"), rows)
     _write("budget-breakdown", args, allocator, found)
+
+
+def _by_decision(args: argparse.Namespace, allocator: dict[str, Any]) -> None:
+    found = [decision_breakdown(f, args.budget, args.rounds) for f in args.model.split(",")]
+    rows = []
+    for result in found:
+        plain = result["plain_step_seconds"]
+        plain_estimate = result["estimated_plain_step_seconds"]
+        rows.append(
+            (
+                result["family"],
+                "plain (whole step)",
+                f"{plain * 1e3:.1f} ms",
+                f"{plain_estimate * 1e3:.1f} ms",
+                f"{plain / plain_estimate:.2f}",
+            )
+        )
+        for label, seconds in result["estimated_recompute_seconds"].items():
+            extra = result["extra_seconds"][label]
+            rows.append(
+                (
+                    result["family"],
+                    label,
+                    f"{extra * 1e3:.2f} ms",
+                    f"{seconds * 1e3:.2f} ms",
+                    f"{extra / seconds:.2f}" if seconds > 0 else "",
+                )
+            )
+    print_table(("model", "rows", "measured", "estimated", "measured / estimated"), rows)
+    _write("budget-breakdown-decisions", args, allocator, found)
 
 
 def _per_call(args: argparse.Namespace, allocator: dict[str, Any]) -> None:

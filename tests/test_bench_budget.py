@@ -403,6 +403,38 @@ def test_per_call_times_each_saved_grain_call_of_the_plan_four_ways() -> None:
         )
 
 
+def test_by_decision_splits_the_plan_into_each_decisions_rows_and_their_estimate() -> None:
+    import copy
+
+    import _zoo
+    import torch
+    from bench_budget_breakdown import by_decision
+
+    from checkpointing import plan_checkpointing
+    from checkpointing.planner._tables import CPU_TABLES
+
+    case = _zoo.build("qwen2", "small")
+    # The Xeon table on every host: its 0.5 plan of the small Qwen2 takes two grains.
+    rates = CPU_TABLES[0].rates
+    plan = plan_checkpointing(copy.deepcopy(case.model), case.inputs, 0.5, rates=rates)
+    parts = by_decision(plan)
+    taken = {row.decision for row in plan.rows} - {"keep"}
+    assert set(parts) == taken and len(taken) > 1  # more than one grain to tell apart
+    seen: set[str] = set()
+    for decision, (part, seconds) in parts.items():
+        assert part.choices and {d.grain for d in part.choices.values()} == {decision}
+        assert not seen & set(part.choices)
+        seen |= set(part.choices)
+        rows = [r for r in plan.rows if r.decision == decision]
+        assert seconds == sum(r.recompute_seconds for r in rows) > 0
+    assert seen == {n for n, d in plan.choices.items() if d.grain != "keep"}
+    # Each part is a plan of its own: it applies and trains.
+    for part, _ in parts.values():
+        model = copy.deepcopy(case.model)
+        part.apply(model)
+        torch.autograd.backward(case.loss(model))
+
+
 def test_the_backward_bench_sets_each_estimate_beside_the_measured_split() -> None:
     import bench_backward
     from _zoo import build

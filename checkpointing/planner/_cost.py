@@ -41,6 +41,10 @@ REGION_SECONDS = 0.0
 #: for rates that do not say (written before ``saved_call_seconds`` was added): none, as
 #: for :data:`REGION_SECONDS`.
 SAVED_CALL_SECONDS = 0.0
+#: What a checkpointed module call costs per tensor its forward saves, for rates that do
+#: not say (written before ``region_tensor_seconds`` was added): none, as for
+#: :data:`REGION_SECONDS`.
+REGION_TENSOR_SECONDS = 0.0
 
 #: Packed mask bytes per second where nothing was measured: that host's.
 PACK_BYTES = 9.5e8
@@ -80,6 +84,12 @@ class DeviceRates:
             machinery in the forward and in backward (frames and hooks, the unpack that
             starts the recomputation, the generator states kept and restored). Rates
             written before this field was added read as :data:`REGION_SECONDS` (0).
+        region_tensor_seconds: What a checkpointed module call costs per tensor its
+            forward saves for backward, beyond ``region_seconds`` and its operators:
+            the checkpoint's hook for each such tensor in the forward, again in the
+            recomputation, and its unpack in backward. A call whose forward saves a
+            hundred tensors pays it a hundred times. Rates written before this field
+            was added read as :data:`REGION_TENSOR_SECONDS` (0).
         saved_call_seconds: What one module call at the saved-tensor grain costs
             beyond its hooks per saved tensor and its replays per call: the wrapper's
             checks of the call's inputs, the hooks and generator states set up in the
@@ -111,6 +121,7 @@ class DeviceRates:
     pack_bytes: float = PACK_BYTES
     region_seconds: float = REGION_SECONDS
     saved_call_seconds: float = SAVED_CALL_SECONDS
+    region_tensor_seconds: float = REGION_TENSOR_SECONDS
 
     def __post_init__(self) -> None:
         for name, value in self._numbers():
@@ -183,6 +194,7 @@ _LATER_FIELDS = frozenset(
         "pack_bytes",
         "region_seconds",
         "saved_call_seconds",
+        "region_tensor_seconds",
     }
 )
 

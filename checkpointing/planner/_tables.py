@@ -2,9 +2,10 @@
 
 A host CPU's rates differ by processor more than by anything a plan can see: on the
 two hosts measured here, the Python around an eager call (a selective policy, a
-saved-tensor hook, a replayed call, a checkpointed call's machinery) cost three to
-four times as much on one as on the other, and pointwise operators moved a quarter of
-the bytes per second, while matrix products ran at about the same rate. A plan priced
+saved-tensor hook, a replayed call, a checkpointed call's machinery) cost two and a
+half to three and a half times as much on one as on the other, and most pointwise
+operators moved a sixth to a half of the bytes per second, while matrix products ran at
+about the same rate. A plan priced
 with the other host's table recomputes what that host finds dear. So the CPU has one
 table per processor it was measured on (:data:`CPU_TABLES`), and :func:`builtin_rates`
 takes the one whose processor this host's is (:class:`HostProcessor`, read from
@@ -116,105 +117,107 @@ class CpuTable:
     rates: DeviceRates
 
 
-# Measured on this workplace's first CPU machine (Intel Xeon, 2 vCPUs under KVM, one
-# intra-op thread,
-# torch 2.13.0), idle, by benchmarks/bench_rates.py: checkpointing.calibrate_rates
-# three times without a model and once per zoo family (benchmarks/_zoo.py, every family
-# whose step it can record here, at their benchmark sizes) with the family's model. Each
-# general rate is the median over the runs, each operator's the median over the
-# families that call it. An operator's rate comes only from calls whose bytes matter
-# (their bytes at the default rate take at least two fixed costs).
-# - The byte rates (memory_bytes, operator_bytes) and replay_seconds, which prices a
-#   replayed call's work at them: 2026-11-29, each call timed out of the caches
-#   (_calibration._stopwatch.cold_seconds), 22 runs (not Mixtral's: the calibration's
-#   fake step lacked the profile's layouts then)
-#   (benchmarks/results/rates-cpu-cold-20261129.json).
-# - The other rates: 2026-11-28, 21 runs (benchmarks/results/rates-cpu-machinery-20261128.json).
-# See docs/memory-budget-planning.md, "Device rates".
+# Measured on this workplace's Intel Xeon machine (2 vCPUs under KVM, 2 MiB of L2 a
+# core; one intra-op thread; torch 2.13.0), idle, by benchmarks/bench_rates.py on
+# 2026-12-06: checkpointing.calibrate_rates three times without a model and once per zoo
+# family (benchmarks/_zoo.py, all 20, Mixtral's and Mamba's included) with the family's
+# model; each general rate is the median over the 23 runs, each operator's the median
+# over the families that call it, each operator timed as itself
+# (benchmarks/results/rates-cpu-xeon-20261206.json; a second run right after it,
+# rates-cpu-xeon-20261206-again.json, is within 0.14 of it on every general rate). The
+# table it replaces (2026-11-28 and 2026-11-29) was measured before an operator was
+# timed as itself: gelu's backward had been timed as another operator and priced at
+# six times its own rate. See docs/memory-budget-planning.md, "Device rates".
 _XEON = DeviceRates(
     device_type="cpu",
     source="built-in",
-    matmul_flops=1.28e11,
-    attention_flops=7.75e10,
-    convolution_flops=1.04e11,
-    memory_bytes=1.65e10,
-    random_bytes=3.45e08,
-    call_seconds=2.69e-06,
-    policy_call_seconds=8.06e-05,
-    policy_kept_seconds=6.56e-05,
-    hook_seconds=7.62e-06,
+    matmul_flops=1.49e11,
+    attention_flops=9.86e10,
+    convolution_flops=1.41e11,
+    memory_bytes=2.82e10,
+    random_bytes=6.84e08,
+    call_seconds=1.1e-06,
+    policy_call_seconds=5.25e-05,
+    policy_kept_seconds=5.11e-05,
+    hook_seconds=5.43e-06,
+    replay_seconds=0.0001,
+    pack_bytes=1.51e09,
+    # A checkpointed call's own machinery, split into a cost per call and one per tensor
+    # it saves (_overheads.region_overhead, chains of calls saving 2 and 18 tensors):
+    # the median of 7 runs on the same host after the table's runs, 208 to 271 us a call
+    # and 11.4 to 13.8 us a tensor, one thread, 2026-12-06. The table's runs, which
+    # timed the 2-tensor chain alone, gave 322 us a call: 246 us and two tensors' 25.
+    region_seconds=2.46e-4,
+    region_tensor_seconds=1.24e-5,
+    saved_call_seconds=8.2e-05,
     operator_bytes={
-        "aten._log_softmax.default": 5.83e09,
-        "aten._log_softmax_backward_data.default": 1.01e10,
-        "aten._safe_softmax.default": 1.64e09,
-        "aten._softmax.default": 8.62e09,
-        "aten._softmax_backward_data.default": 1.57e10,
-        "aten._to_copy.default": 9.58e09,
-        "aten.abs.default": 5.22e10,
-        "aten.add.Tensor": 1.39e10,
-        "aten.add_.Tensor": 2.59e10,
-        "aten.bitwise_and.Tensor": 2.21e09,
-        "aten.cat.default": 8.81e09,
-        "aten.clone.default": 1.08e10,
-        "aten.copy_.default": 6.53e09,
-        "aten.div.Scalar": 1.11e10,
-        "aten.div.Tensor": 1.29e10,
-        "aten.div_.Scalar": 1.07e10,
-        "aten.embedding.default": 1.39e10,
-        "aten.embedding_dense_backward.default": 6.71e09,
-        "aten.exp.default": 8.16e09,
-        "aten.full_like.default": 1.13e10,
-        "aten.gather.default": 8.73e09,
-        "aten.gelu.default": 8.23e09,
-        "aten.gelu_backward.default": 3.7e10,
-        "aten.index.Tensor": 3.41e09,
-        "aten.index_put.default": 3.66e09,
-        "aten.mean.dim": 1.68e10,
-        "aten.minimum.default": 2.02e10,
-        "aten.mul.Scalar": 1.16e10,
-        "aten.mul.Tensor": 1.58e10,
-        "aten.native_batch_norm.default": 3.55e09,
-        "aten.native_batch_norm_backward.default": 1.13e10,
-        "aten.native_group_norm.default": 1.06e10,
-        "aten.native_group_norm_backward.default": 9.7e09,
-        "aten.native_layer_norm.default": 1e10,
-        "aten.native_layer_norm_backward.default": 1.39e10,
-        "aten.neg.default": 3.28e10,
-        "aten.new_zeros.default": 9.97e09,
-        "aten.nll_loss_backward.default": 1.27e10,
-        "aten.nll_loss_forward.default": 5.39e10,
-        "aten.ones_like.default": 2.29e10,
-        "aten.pow.Tensor_Scalar": 1.35e10,
-        "aten.relu.default": 1.62e10,
-        "aten.roll.default": 6.92e09,
-        "aten.scatter_add.default": 7.23e09,
-        "aten.select_backward.default": 6.75e09,
-        "aten.sigmoid.default": 7.65e09,
-        "aten.sigmoid_backward.default": 5.88e10,
-        "aten.silu.default": 9.29e09,
-        "aten.silu_backward.default": 4.12e10,
-        "aten.slice_backward.default": 1.15e10,
-        "aten.softplus.default": 2.54e09,
-        "aten.softplus_backward.default": 9.31e09,
-        "aten.stack.default": 8.78e09,
-        "aten.sub.Tensor": 1.28e10,
-        "aten.sum.default": 8.5e09,
-        "aten.sum.dim_IntList": 2.01e10,
-        "aten.tanh.default": 9.43e09,
-        "aten.tanh_backward.default": 5.59e10,
-        "aten.threshold_backward.default": 1.77e10,
-        "aten.upsample_nearest2d.default": 7.16e09,
-        "aten.upsample_nearest2d_backward.default": 1.11e10,
-        "aten.where.self": 9.2e08,
+        "aten._log_softmax.default": 7.25e09,
+        "aten._log_softmax_backward_data.default": 1.32e10,
+        "aten._safe_softmax.default": 2.6e09,
+        "aten._softmax.default": 8.84e09,
+        "aten._softmax_backward_data.default": 1.54e10,
+        "aten._to_copy.default": 1.31e10,
+        "aten.abs.default": 7.98e10,
+        "aten.add.Tensor": 1.52e10,
+        "aten.add_.Tensor": 1.65e10,
+        "aten.bitwise_and.Tensor": 5.93e09,
+        "aten.cat.default": 1.05e10,
+        "aten.clone.default": 1.12e10,
+        "aten.copy_.default": 8.88e09,
+        "aten.div.Scalar": 1.03e10,
+        "aten.div.Tensor": 1.41e10,
+        "aten.div_.Scalar": 1.08e10,
+        "aten.embedding.default": 1.44e10,
+        "aten.embedding_dense_backward.default": 1e10,
+        "aten.exp.default": 1.5e10,
+        "aten.full_like.default": 4e10,
+        "aten.gather.default": 1.29e10,
+        "aten.gelu.default": 7.74e09,
+        "aten.gelu_backward.default": 6.08e09,
+        "aten.gt.Scalar": 1.16e10,
+        "aten.index.Tensor": 8.24e09,
+        "aten.index_put.default": 7.87e09,
+        "aten.log.default": 7.06e08,
+        "aten.lt.Scalar": 1.55e10,
+        "aten.mean.dim": 1.29e10,
+        "aten.minimum.default": 2.25e10,
+        "aten.mul.Scalar": 1.19e10,
+        "aten.mul.Tensor": 1.64e10,
+        "aten.native_batch_norm.default": 3.91e09,
+        "aten.native_batch_norm_backward.default": 9.97e09,
+        "aten.native_group_norm.default": 1.45e10,
+        "aten.native_group_norm_backward.default": 1.14e10,
+        "aten.native_layer_norm.default": 1.03e10,
+        "aten.native_layer_norm_backward.default": 1.18e10,
+        "aten.neg.default": 2.09e10,
+        "aten.new_zeros.default": 1.61e10,
+        "aten.nll_loss_backward.default": 1.9e10,
+        "aten.nll_loss_forward.default": 4.87e10,
+        "aten.ones_like.default": 2.08e10,
+        "aten.pow.Tensor_Scalar": 1.48e10,
+        "aten.relu.default": 1.92e10,
+        "aten.roll.default": 6.95e09,
+        "aten.scatter_add.default": 1.02e10,
+        "aten.select_backward.default": 9.25e09,
+        "aten.sigmoid.default": 1.57e10,
+        "aten.sigmoid_backward.default": 3.29e10,
+        "aten.silu.default": 1.47e10,
+        "aten.silu_backward.default": 1.57e10,
+        "aten.slice_backward.default": 9.15e09,
+        "aten.softplus.default": 4.71e09,
+        "aten.softplus_backward.default": 1.48e10,
+        "aten.stack.default": 1.01e10,
+        "aten.sub.Tensor": 1.25e10,
+        "aten.sum.default": 5.69e10,
+        "aten.sum.dim_IntList": 1.46e10,
+        "aten.tanh.default": 1.75e10,
+        "aten.tanh_backward.default": 3.8e10,
+        "aten.threshold_backward.default": 2.81e10,
+        "aten.upsample_nearest2d.default": 1.44e10,
+        "aten.upsample_nearest2d_backward.default": 1.3e10,
+        "aten.where.self": 1.16e09,
+        "aten.zeros.default": 1.12e10,
     },
-    replay_seconds=8.47e-05,
-    pack_bytes=9.48e08,
-    # A checkpointed call's own machinery: region_overhead, the median of 7 runs on the
-    # same machine (367 to 422 us), one thread, 2026-11-29.
-    region_seconds=4.0e-4,
-    # A saved-grain call's own machinery: the median of 7 runs of saved_machinery on the
-    # same machine (110 to 233 us), one thread, 2026-11-29.
-    saved_call_seconds=1.6e-4,
 )
 
 # Measured on this workplace's second CPU machine kind (AMD EPYC, family 26: Zen 5;
@@ -224,7 +227,7 @@ _XEON = DeviceRates(
 # benchmarks/results/rates-cpu-zen5-20261205.json), each operator timed as itself (the
 # runs of 2026-12-04, rates-cpu-amd-epyc-20261204.json, timed an operator that shares
 # its arguments with an earlier one as that one: tanh at a sigmoid's 22 GB/s, not its
-# own 4 GB/s). The Xeon table above was measured before that fix.
+# own 4 GB/s).
 _ZEN5 = DeviceRates(
     device_type="cpu",
     source="built-in",
@@ -239,6 +242,9 @@ _ZEN5 = DeviceRates(
     hook_seconds=2.15e-06,
     replay_seconds=3.05e-05,
     pack_bytes=3.67e09,
+    # Its calls' machinery was timed on calls that save 2 tensors, and its cost per
+    # further tensor not apart from it (region_tensor_seconds, added 2026-12-06, after
+    # this host was measured): 0 prices a checkpoint there as it was measured.
     region_seconds=0.00013,
     saved_call_seconds=2.38e-05,
     operator_bytes={
@@ -332,7 +338,7 @@ _ACCELERATOR = DeviceRates(
 CPU_TABLES: tuple[CpuTable, ...] = (
     CpuTable(
         processor="Intel Xeon",
-        measured_on="an Intel Xeon host (2 vCPUs under KVM), 2026-11-28 and 2026-11-29",
+        measured_on="an Intel Xeon host (2 vCPUs under KVM), 2026-12-06",
         matches=lambda cpu: cpu.vendor == "GenuineIntel" and "xeon" in cpu.name.lower(),
         rates=_XEON,
     ),

@@ -7,7 +7,8 @@ The tests of the grain itself (exactness, fake against real, files, compiled for
 plan with these rates, so that the search takes the grain wherever it fits; what the
 grain really costs is the cost model's own tests' and the benchmarks' business.
 
-Likewise a checkpoint's own cost (``region_seconds``, 0.4 ms a call on a CPU) outweighs
+Likewise a checkpoint's own cost (``region_seconds``, 0.25 ms a call on a CPU, and
+``region_tensor_seconds`` per tensor it saves) outweighs
 recomputing any one call of a test-sized model, whose plans then take one large region.
 Tests of plans that nest regions plan with :data:`REGIONS_FREE`.
 """
@@ -27,5 +28,6 @@ SAVED_GRAIN_FREE = replace(
     saved_call_seconds=0.0,
 )
 
-#: The built-in host rates with a checkpointed call's own cost free.
-REGIONS_FREE = replace(builtin_rates("cpu"), region_seconds=0.0)
+#: The built-in host rates with a checkpointed call's own cost free, per call and per
+#: tensor it saves.
+REGIONS_FREE = replace(builtin_rates("cpu"), region_seconds=0.0, region_tensor_seconds=0.0)

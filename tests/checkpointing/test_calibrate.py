@@ -89,6 +89,9 @@ def test_calibrated_rates_are_positive_and_finite(calibrated: DeviceRates) -> No
     assert all(v > 0 for v in calibrated.operator_bytes.values())
     # A checkpointed call's own machinery (hundreds of microseconds on a CPU), measured.
     assert 0 < calibrated.region_seconds < 0.1
+    # And per tensor a checkpointed call saves (about 12 us here): a difference of two
+    # chains, at least 0; its arithmetic is tested with a fixed stopwatch below.
+    assert 0 <= calibrated.region_tensor_seconds < 1e-3
     # A saved-grain call's (about 0.16 ms here) is a residual over what the quick
     # calibration's own hook and replay figures price, which its five rounds may
     # overstate: at least 0 here; its arithmetic is tested with a fixed stopwatch below.
@@ -353,3 +356,33 @@ def test_a_saved_grain_calls_cost_is_what_its_blocks_add_beyond_their_prices(
     assert hooked < free - 0.01 * 2 and replayed <= free - 0.01 + 1e-9
     # Never below 0, whatever the prices.
     assert _saved_machinery._call_seconds(backend, _QUICK, rates, hook=1.0, replay=0.0) == 0.0
+
+
+def test_a_checkpoints_cost_is_split_into_one_per_call_and_one_per_saved_tensor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from checkpointing.planner._calibration import _overheads
+
+    # A stopwatch under which a checkpointed call costs 0.2 ms plus 12 us a saved tensor.
+    def region_seconds(backend: Any, sizes: Any, depth: int) -> float:
+        return 2e-4 + 12e-6 * depth
+
+    monkeypatch.setattr(_overheads, "_region_seconds", region_seconds)
+    per_call, per_tensor = _overheads.region_overhead(accel.get_backend("cpu"), _QUICK)
+    assert per_call == pytest.approx(2e-4) and per_tensor == pytest.approx(12e-6)
+    # A deeper chain that measures less than the shallow one is noise: no tensor cost.
+    monkeypatch.setattr(_overheads, "_region_seconds", lambda b, s, depth: 5e-4 - 1e-6 * depth)
+    assert _overheads.region_overhead(accel.get_backend("cpu"), _QUICK) == (
+        pytest.approx(4.98e-4),
+        0.0,
+    )
+
+
+def test_the_chains_calls_save_as_many_tensors_as_they_are_deep() -> None:
+    from checkpointing.planner import profile_step
+    from checkpointing.planner._calibration import _overheads
+
+    for depth in (_overheads._SHALLOW, _overheads._DEEP):
+        model = nn.Sequential(_overheads._Small(depth))
+        recorded = profile_step(model, (torch.ones(4, 8, requires_grad=True),))
+        assert len(recorded.modules["0"].packs) == depth

@@ -293,13 +293,16 @@ def test_a_prim_query_only_the_fake_step_dispatches_costs_nothing() -> None:
     assert op_seconds(work, builtin_rates("cpu")) == 0.0
 
 
-def _priced_free_and_dear(field: str) -> tuple[Any, Any, list[tuple[Any, Any]]]:
+def _priced_free_and_dear(field: str, rates: Any = None) -> tuple[Any, Any, list[tuple[Any, Any]]]:
     """The test model's profile priced with ``field`` at 0 and at 10 ms, and each
-    option's two prices, paired (the same option, offered in the same order)."""
+    option's two prices, paired (the same option, offered in the same order).
+
+    ``rates`` are the rates to start from (``None``: this host's built-in table).
+    """
     from checkpointing.planner._grains import candidates
 
     recorded = profile_step(_model(), _inputs())
-    rates = builtin_rates("cpu")
+    rates = builtin_rates("cpu") if rates is None else rates
     assert getattr(rates, field) > 0  # measured on the CPU table's machine
     free = cost(recorded, dataclasses.replace(rates, **{field: 0.0}))
     dear = cost(recorded, dataclasses.replace(rates, **{field: 0.01}))
@@ -325,6 +328,31 @@ def test_a_checkpointed_call_is_priced_with_the_checkpoints_own_cost() -> None:
     assert FULL in checked and SAVED in checked
     # A dear region moves the same budget's plan off checkpoints, onto the saved grain.
     regions = (FULL, SELECTIVE, ALTERNATE, CHOSEN)
+    many = plan_checkpointing(_model(), _inputs(), 0.5, rates=free.rates)
+    few = plan_checkpointing(_model(), _inputs(), 0.5, rates=dear.rates)
+    assert sum(d in regions for d in few.decisions.values()) < sum(
+        d in regions for d in many.decisions.values()
+    )
+
+
+def test_a_checkpointed_call_is_priced_per_tensor_it_saves() -> None:
+    # A checkpoint's hooks run once a saved tensor in the forward, in the recomputation
+    # and in backward: a call that saves more pays more (region_tensor_seconds, which
+    # the Xeon table measured; its calls save from 2 to a block's 9 tensors here).
+    from checkpointing._decisions import ALTERNATE, CHOSEN, FULL, SELECTIVE
+    from checkpointing.planner._grains import candidates
+    from checkpointing.planner._tables import CPU_TABLES
+
+    regions = (FULL, SELECTIVE, ALTERNATE, CHOSEN)
+    free, dear, pairs = _priced_free_and_dear("region_tensor_seconds", CPU_TABLES[0].rates)
+    names = [name for name, options in candidates(free, selective=True).items() for _ in options]
+    saved = {name: len(free.modules[name].packs) for name in names}
+    assert len(set(saved.values())) > 1
+    for name, (cheap, costly) in zip(names, pairs, strict=True):
+        extra = 0.01 * saved[name] if cheap.decision in regions else 0.0
+        assert costly.seconds - cheap.seconds == pytest.approx(extra, abs=1e-12)
+    assert {cheap.decision for cheap, _ in pairs} >= {FULL, SELECTIVE}
+    # Dear saved tensors move the same budget's plan off checkpoints.
     many = plan_checkpointing(_model(), _inputs(), 0.5, rates=free.rates)
     few = plan_checkpointing(_model(), _inputs(), 0.5, rates=dear.rates)
     assert sum(d in regions for d in few.decisions.values()) < sum(

@@ -84,6 +84,7 @@ def test_a_cache_without_a_format_still_loads() -> None:
         "pack_bytes": 9.5e8,
         "region_seconds": 0.0,
         "saved_call_seconds": 0.0,
+        "region_tensor_seconds": 0.0,
     }
     assert rates.to_dict() == {**json.loads(_UNVERSIONED), **defaults}
     assert rates.source == "calibrated on Test CPU, 1 threads, torch 2.13.0, 2026-11-28"

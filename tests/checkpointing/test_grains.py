@@ -103,6 +103,7 @@ def test_a_file_of_format_1_loads_saves_as_format_2_and_trains_exactly(tmp_path:
         "replay_seconds": 1e-4,
         "region_seconds": 0.0,
         "saved_call_seconds": 0.0,
+        "region_tensor_seconds": 0.0,
     }
     assert new["rates"] == {**old["rates"], **later, "pack_bytes": 9.5e8}
     assert new["format"] == "accel.checkpoint-plan/2"
@@ -236,5 +237,16 @@ def test_each_grain_names_the_rate_its_wrapper_costs_per_call() -> None:
         KEEP: None,
         OFFLOADED: None,
     }
+    # And the checkpoints pay a hook for each tensor the call saves.
+    assert {grain.name: grain.tensor_cost for grain in _registry.GRAINS} == {
+        FULL: "region_tensor_seconds",
+        SAVED: None,
+        SELECTIVE: "region_tensor_seconds",
+        ALTERNATE: "region_tensor_seconds",
+        CHOSEN: "region_tensor_seconds",
+        KEEP: None,
+        OFFLOADED: None,
+    }
     for grain in _registry.GRAINS:
-        assert grain.call_cost is None or grain.call_cost in DeviceRates.__dataclass_fields__
+        for rate in (grain.call_cost, grain.tensor_cost):
+            assert rate is None or rate in DeviceRates.__dataclass_fields__

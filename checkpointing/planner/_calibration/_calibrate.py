@@ -195,7 +195,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         if unavailable_reason() is not None
         else selective_overhead(backend, sizes)
     )
-    region = region_overhead(backend, sizes)
+    region, region_tensor = region_overhead(backend, sizes)
     to_host, to_device = _copy_rates(backend, sizes, base)
     where = (
         f"calibrated on {device_name(backend)}, torch {torch.__version__}, "
@@ -213,6 +213,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         policy_call_seconds=per_call,
         policy_kept_seconds=per_kept,
         region_seconds=region,
+        region_tensor_seconds=region_tensor,
         operator_bytes=operators,
         to_host_bytes=to_host,
         to_device_bytes=to_device,

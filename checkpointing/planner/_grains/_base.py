@@ -77,6 +77,9 @@ class Grain(ABC, Generic[P]):
             call, beyond the operators its options price (``"region_seconds"`` for a
             checkpoint, ``"saved_call_seconds"`` for the saved-tensor grain);
             :func:`._registry.options_of` adds it to every option; ``None``: nothing.
+        tensor_cost: The :class:`DeviceRates` field its wrapper costs per tensor the
+            module call's forward saves (``"region_tensor_seconds"`` for a checkpoint,
+            whose hooks see every saved tensor); added likewise; ``None``: nothing.
     """
 
     name: str
@@ -88,6 +91,7 @@ class Grain(ABC, Generic[P]):
     compiled_form: bool = False
     traceable: bool = True
     call_cost: str | None = None
+    tensor_cost: str | None = None
 
     @abstractmethod
     def options(self, call: Call) -> list[Option]:

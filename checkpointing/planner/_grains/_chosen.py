@@ -40,6 +40,7 @@ class ChosenCalls(Grain[KeptCalls]):
     coarseness = 3
     margin = 0.25
     call_cost = "region_seconds"
+    tensor_cost = "region_tensor_seconds"
     recorded = True
     selective = True
 

@@ -29,6 +29,7 @@ class OperatorClass(PayloadFree):
     margin = 0.10
     selective = True
     call_cost = "region_seconds"
+    tensor_cost = "region_tensor_seconds"
 
     def __init__(self, every_second_mm: bool) -> None:
         self.every_second_mm = every_second_mm

@@ -76,7 +76,8 @@ def options_of(call: Call, selective: bool) -> list[Option]:
     and ``selective``): the root and RNNs get whole-call grains only, a call whose data
     decides its shapes gets no grain that relies on recorded occurrences, and selective
     grains need ``selective`` and a call without batch norm's running statistics. Each
-    option is priced with its grain's own cost per call (``call_cost``).
+    option is priced with its grain's own cost per call (``call_cost``) and per tensor
+    the call saves (``tensor_cost``).
     """
     record = call.record
     whole_only = not call.name or record.fused_rnn
@@ -89,11 +90,20 @@ def options_of(call: Call, selective: bool) -> list[Option]:
         ):
             continue
         options = grain.options(call)
-        if grain.call_cost is not None:
-            own = getattr(call.profile.rates, grain.call_cost)
+        own = _own_cost(grain, call)
+        if own:
             options = [replace(option, seconds=option.seconds + own) for option in options]
         found.extend(options)
     return found
+
+
+def _own_cost(grain: Grain[Any], call: Call) -> float:
+    """What ``grain``'s wrapper costs on ``call``: once a call, and once a saved tensor."""
+    rates = call.profile.rates
+    own = getattr(rates, grain.call_cost) if grain.call_cost is not None else 0.0
+    if grain.tensor_cost is not None:
+        own += len(call.record.packs) * getattr(rates, grain.tensor_cost)
+    return float(own)
 
 
 def candidates(

@@ -23,6 +23,7 @@ class WholeModule(PayloadFree):
     fine = False
     compiled_form = True
     call_cost = "region_seconds"
+    tensor_cost = "region_tensor_seconds"
 
     def options(self, call: Call) -> list[Option]:
         """One option: keep the inputs, recompute the call's forward (its operators)."""
