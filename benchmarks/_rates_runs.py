@@ -11,6 +11,7 @@ to the general byte rate), which is issue 40's out-of-sample check.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Mapping
@@ -72,14 +73,13 @@ def _built_in(values: Mapping[str, Any], device: str) -> DeviceRates:
     For the CPU, the table of the processor its ``machine`` names; files written before
     the machine named its processor were all measured on the first table's host.
     """
-    cpu = values.get("machine", {}).get("cpu")
     if device != "cpu":
         return builtin_rates(device)
+    cpu = values.get("machine", {}).get("cpu")
     if not isinstance(cpu, dict):
         return CPU_TABLES[0].rates
-    return builtin_rates(
-        "cpu", HostProcessor(cpu["vendor"], cpu["family"], cpu["model"], cpu["name"])
-    )
+    named = {field.name: cpu[field.name] for field in dataclasses.fields(HostProcessor)}
+    return builtin_rates("cpu", HostProcessor(**named))
 
 
 def left_out(path: str | Path, family: str) -> DeviceRates:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -26,13 +27,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         # What the host's CPU is, and the built-in CPU table the planner takes for it.
-        "cpu": {
-            "name": cpu.name,
-            "vendor": cpu.vendor,
-            "family": cpu.family,
-            "model": cpu.model,
-            "built_in_table": cpu_table(cpu).processor,
-        },
+        "cpu": {**dataclasses.asdict(cpu), "built_in_table": cpu_table(cpu).processor},
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,
