@@ -37,7 +37,11 @@ GENERAL = (
     "region_seconds",
     "saved_call_seconds",
     "region_tensor_seconds",
+    "attention_score_seconds",
 )
+#: Rates timed together: a run without the second reads the first from the fallback too
+#: (attention timed before its cost per score was split off has the softmax in its rate).
+_PAIRED = {"attention_flops": "attention_score_seconds"}
 
 
 def combine(
@@ -47,12 +51,14 @@ def combine(
     time it.
 
     A run written before a field was added reads it from ``fallback`` where given,
-    else as the field's default, as rate files do.
+    else as the field's default, as rate files do; a run without a paired field
+    (:data:`_PAIRED`) reads its partner from ``fallback`` too.
     """
     default = DeviceRates.__dataclass_fields__
 
     def value(run: Mapping[str, Any], name: str) -> Any:
-        if name in run:
+        paired = _PAIRED.get(name)
+        if name in run and (paired is None or paired in run or fallback is None):
             return run[name]
         return getattr(fallback, name) if fallback is not None else default[name].default
 

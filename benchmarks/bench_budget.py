@@ -130,6 +130,13 @@ runs combined without its own (``_rates_runs.left_out``), and its ``rates`` in t
 say so (``out_of_sample``, ``source``). A family the file has no run of (Mixtral, the
 UNet) is priced with all of them, which are out of sample for it already.
 
+Fused attention (``--fused-attention``): the zoo's transformers train without attention
+dropout (``_fused_attention.py``), so that on the host their attention runs as its fused
+kernel, not the math path their dropout sends it through; ten families change (ViT,
+GPT-2, Llama, T5, Mixtral, Whisper, Phi, the shared layer, ALBERT, the speech
+encoder), and ``attention_dropout_off`` in the JSON lists what was switched off. No
+rate was tuned on those steps. Its file's name ends in ``-fused-attention``.
+
 ``--rows targets`` times only ``plain``, ``plain again`` and the three budgets: what the
 estimates, the time targets at 0.5 and the budget order are judged on, at under half
 of a round's cost, for runs long enough to narrow the intervals. Its file's name ends in
@@ -139,7 +146,7 @@ Usage: python benchmarks/bench_budget.py [--backend NAME] [--model NAME[,NAME...
        [--size small|bench|gpu] [--warmup N] [--steps N] [--max-steps N] [--threads N]
        [--within HALF_WIDTH] [--rows all|targets]
        [--compile] [--plot FILE.png] [--note TEXT] [--out-of-sample RATES.json]
-       [--allocator held|default]
+       [--fused-attention] [--allocator held|default]
 
 ``--size`` picks the zoo's shapes: ``bench`` (the default), ``small`` (the tests'), or
 ``gpu`` (wider and longer, for a CUDA run: ``gpt2``, ``llama``, ``qwen2``, ``vit``,
@@ -182,6 +189,7 @@ from _budget_measure import GPU_TOLERANCE, difference, gradients, graph_saved_by
 from _budget_print import draw, print_case, print_summary
 from _budget_variants import COMPILED, OFFLOAD, TORCH_VARIANTS, build_variants, torchtitan_rule
 from _compiled_plan import VERDICTS, judge
+from _fused_attention import without_attention_dropout
 from _rates_runs import left_out
 from _report import write_results
 from _zoo import FAMILIES, SIZES, TRANSFORMERS, ZooModel, build, gpu_size, unusable
@@ -247,6 +255,7 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
     if note is not None:
         print(note)
     case = build(family, size).to(backend.device())
+    fused = without_attention_dropout(case.model) if args.fused_attention else []
     on_cpu = backend.name == "cpu"
     budgets = [f"budget {b}" for b in BUDGETS]
     variants = ["plain", "plain" + AGAIN, *budgets]
@@ -357,6 +366,8 @@ def run_case(family: str, backend: Accelerator, args: argparse.Namespace) -> dic
         "model": family,
         "size": size,
         "size_note": note,
+        # With --fused-attention: the attention dropout switched off, attribute by attribute.
+        "attention_dropout_off": fused,
         # The profile's plain-step bytes against the plain step's saved bytes, measured.
         "plain_bytes": {
             "profiled": profiled,
@@ -451,6 +462,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="plan each family with the rates of this bench_rates.py results file "
         "combined without that family's run (its estimates then out of sample)",
     )
+    parser.add_argument(
+        "--fused-attention",
+        action="store_true",
+        help="train the transformers without attention dropout, so that their attention "
+        "runs as the device's fused kernel (an out-of-sample check of its rates)",
+    )
     return parser.parse_args(argv)
 
 
@@ -459,6 +476,7 @@ def results_name(args: argparse.Namespace, names: list[str]) -> str:
     # A subset of families gets a file of its own, so as not to replace a full run's.
     subset = "" if args.model == "all" else "-" + "-".join(names)
     subset += "-targets" if args.rows == "targets" else ""
+    subset += "-fused-attention" if args.fused_attention else ""
     # Out-of-sample rates make other plans: never the same file as an in-sample run's.
     subset += "-out-of-sample" if args.out_of_sample is not None else ""
     size = "" if args.size == "bench" else f"-{args.size}"

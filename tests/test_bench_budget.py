@@ -284,6 +284,48 @@ def test_runs_older_than_the_call_costs_read_them_from_the_built_in_table(
     assert both.region_seconds == both.saved_call_seconds == 2.0
 
 
+def test_runs_older_than_the_score_cost_read_attentions_rate_from_the_table_too(
+    tmp_path: Path,
+) -> None:
+    from _rates_runs import left_out
+
+    from checkpointing.planner._tables import CPU_TABLES
+
+    # Attention timed before its cost per score was split off has the softmax inside
+    # its flop rate: with the table's cost per score added it would be priced twice, so
+    # such runs read both from the table; their other rates stay theirs.
+    old = {name: value for name, value in _run(1.0).items() if name != "attention_score_seconds"}
+    rates = left_out(_rates_file(tmp_path, {"plain 0": old, "bert": _run(2.0)}), "bert")
+    table = CPU_TABLES[0].rates
+    assert rates.attention_flops == table.attention_flops != 1.0
+    assert rates.attention_score_seconds == table.attention_score_seconds > 0
+    assert rates.matmul_flops == 1.0
+    new = left_out(_rates_file(tmp_path, {"plain 0": _run(1.0), "bert": _run(2.0)}), "bert")
+    assert new.attention_flops == new.attention_score_seconds == 1.0
+
+
+def test_fused_attention_switches_off_attention_dropout_and_nothing_else() -> None:
+    from _fused_attention import without_attention_dropout
+    from _zoo import build
+
+    from checkpointing import profile_step
+
+    case = build("shared", "small")
+    dropouts = {
+        name: module.p for name, module in case.model.named_modules() if hasattr(module, "p")
+    }
+    assert without_attention_dropout(case.model) == ["layer.self_attn.dropout"]
+    assert case.model.layer.self_attn.dropout == 0.0
+    # The layers' own dropout stays as it was.
+    assert dropouts == {
+        name: module.p for name, module in case.model.named_modules() if hasattr(module, "p")
+    }
+    assert without_attention_dropout(case.model) == []
+    recorded = profile_step(case.model, case.inputs, backend="cpu")
+    fused = {w.operator for w in recorded.forward if w.kind == "attention"}
+    assert fused == {"aten._scaled_dot_product_flash_attention_for_cpu.default"}
+
+
 def test_a_looser_budget_slower_by_more_than_003_is_a_finding_unless_the_plan_is_the_same() -> None:
     from _budget_checks import budget_order, count_looser_slower
 
@@ -378,6 +420,7 @@ def test_each_kind_of_run_writes_a_file_of_its_own() -> None:
         name("--rows", "targets", "--out-of-sample", "rates.json") == "budget-targets-out-of-sample"
     )
     assert name("--size", "small", "--compile") == "budget-compile-small"
+    assert name("--rows", "targets", "--fused-attention") == "budget-targets-fused-attention"
 
 
 def test_per_call_times_each_saved_grain_call_of_the_plan_four_ways() -> None:

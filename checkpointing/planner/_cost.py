@@ -46,6 +46,11 @@ SAVED_CALL_SECONDS = 0.0
 #: :data:`REGION_SECONDS`.
 REGION_TENSOR_SECONDS = 0.0
 
+#: What a fused attention kernel costs per score beyond its products, for rates that do
+#: not say (written before ``attention_score_seconds`` was added): none, as for
+#: :data:`REGION_SECONDS`.
+ATTENTION_SCORE_SECONDS = 0.0
+
 #: Packed mask bytes per second where nothing was measured: that host's.
 PACK_BYTES = 9.5e8
 
@@ -59,7 +64,13 @@ class DeviceRates:
         source: Where they come from: ``"built-in"``, ``"calibrated"`` (with when and
             where) or ``"given"``.
         matmul_flops: Floating-point operations per second of matrix products.
-        attention_flops: Of fused attention kernels.
+        attention_flops: Of fused attention kernels' products.
+        attention_score_seconds: What a fused attention kernel adds per score (one
+            query-key pair of one head; a backward's count twice) beyond its products:
+            the softmax's exponentials and sums, which do not shrink with the head
+            size. Rates written before this field was added read as
+            :data:`ATTENTION_SCORE_SECONDS` (0: the attention rate was timed with the
+            softmax inside it).
         convolution_flops: Of convolutions (forward and backward).
         memory_bytes: Bytes read and written per second by an operator without a rate
             of its own (pointwise operators, copies, reductions).
@@ -122,6 +133,7 @@ class DeviceRates:
     region_seconds: float = REGION_SECONDS
     saved_call_seconds: float = SAVED_CALL_SECONDS
     region_tensor_seconds: float = REGION_TENSOR_SECONDS
+    attention_score_seconds: float = ATTENTION_SCORE_SECONDS
 
     def __post_init__(self) -> None:
         for name, value in self._numbers():
@@ -170,12 +182,17 @@ class DeviceRates:
         return cls(**{**values, "operator_bytes": dict(values["operator_bytes"])})
 
     def scaled(self, factor: float, source: str) -> DeviceRates:
-        """These rates with every per-second rate times ``factor`` (a faster device)."""
+        """These rates with every per-second rate times ``factor`` (a faster device).
+
+        The attention kernels' seconds per score are computation too, and divide by it;
+        the fixed costs of calls and of the grains' Python stay.
+        """
         return replace(
             self,
             source=source,
             matmul_flops=self.matmul_flops * factor,
             attention_flops=self.attention_flops * factor,
+            attention_score_seconds=self.attention_score_seconds / factor,
             convolution_flops=self.convolution_flops * factor,
             memory_bytes=self.memory_bytes * factor,
             random_bytes=self.random_bytes * factor,
@@ -195,6 +212,7 @@ _LATER_FIELDS = frozenset(
         "region_seconds",
         "saved_call_seconds",
         "region_tensor_seconds",
+        "attention_score_seconds",
     }
 )
 

@@ -9,7 +9,10 @@ rates therefore prices again and never profiles again. An operator call takes
 with the flop rate of its class (matmul, attention, convolution; an FFT at the matmul
 rate, the rates having no class of their own for it), its bytes (arguments read and new
 storages written) at its operator's own byte rate where the rates have one, else the
-default one, and a random draw's new bytes at the random-draw rate. A view, an alias, a
+default one, and a random draw's new bytes at the random-draw rate. A fused attention
+call adds its scores' softmax to its flops' time (``scores x attention_score_seconds``);
+its dropout argument marks it as drawing, but its price is its flops', as for any call
+with a flop class. A view, an alias, a
 metadata query or an allocation left unwritten (``empty_like``) moves nothing and costs
 the call seconds alone; a ``prim`` query, which only the fake step dispatches, costs
 nothing.
@@ -85,12 +88,12 @@ def op_seconds(work: OpWork, rates: DeviceRates) -> float:
     if work.kind in (MATMUL, FFT):
         compute = work.flops / rates.matmul_flops
     elif work.kind == ATTENTION:
-        compute = work.flops / rates.attention_flops
+        compute = work.flops / rates.attention_flops + work.scores * rates.attention_score_seconds
     elif work.kind == CONVOLUTION:
         compute = work.flops / rates.convolution_flops
     else:
         compute = 0.0
-    if work.random and rates.random_bytes > 0:
+    if work.random and not work.kind and rates.random_bytes > 0:
         drawn = max(work.fresh_bytes, work.read_bytes if work.mutates else 0)
         transfer = drawn / rates.random_bytes
     else:

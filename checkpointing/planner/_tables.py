@@ -132,7 +132,13 @@ _XEON = DeviceRates(
     device_type="cpu",
     source="built-in",
     matmul_flops=1.49e11,
-    attention_flops=9.86e10,
+    # Fused attention split into its products' rate and a cost per score
+    # (_calibrate.attention_fit: 4 x 8 heads of 256 positions, 64 and 8 wide): the
+    # median of 7 runs on the same host, 148 to 158 GFLOP/s and 0.62 to 0.69 ns a
+    # score, one thread, 2026-12-06. The table's runs timed 64-wide heads alone, with
+    # the softmax inside the rate: 98.6 GFLOP/s.
+    attention_flops=1.56e11,
+    attention_score_seconds=6.6e-10,
     convolution_flops=1.41e11,
     memory_bytes=2.82e10,
     random_bytes=6.84e08,

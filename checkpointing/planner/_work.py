@@ -10,11 +10,19 @@ features into seconds at given rates. A call's features:
   the new storages it returns, whether it writes to an argument, and whether it draws
   random numbers.
 
-FLOPs come from ``torch.utils.flop_counter``'s formulas but for three: a convolution's
+FLOPs come from ``torch.utils.flop_counter``'s formulas but for four: a convolution's
 backward (:func:`convolution_backward_flops`: torch's formula counts a grouped
 convolution's weight gradient ``groups`` times over), FFTs (:func:`fft_flops`: ``5 N
-log2 N`` per transform of ``N`` points) and grouped matrix products
-(:func:`grouped_mm_flops`: a mixture of experts' expert layers), which it does not count.
+log2 N`` per transform of ``N`` points), grouped matrix products
+(:func:`grouped_mm_flops`: a mixture of experts' expert layers) and the fused attention
+kernels torch has no formula for (:func:`attention_flops`: the host CPU's and a
+PrivateUse1 device's), which it does not count.
+
+A fused attention call also records its *scores* (:func:`attention_scores`): the
+query-key pairs of all its heads, each of which the kernel exponentiates and sums in
+its softmax whatever the head size. With small heads that work, not the products,
+takes the kernel's time (8-wide heads on a host CPU run at a third of 64-wide heads'
+flop rate), so the cost pass prices it apart (:attr:`.DeviceRates.attention_score_seconds`).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ __all__ = [
     "FFT",
     "MATMUL",
     "OpWork",
+    "attention_flops",
+    "attention_scores",
     "convolution_backward_flops",
     "fft_flops",
     "grouped_mm_flops",
@@ -49,6 +59,28 @@ _MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "_int_mm", "
 _CONVOLUTION = frozenset({"convolution", "convolution_backward", "_convolution"})
 _RNN_LAYERS = frozenset({"mkldnn_rnn_layer", "_cudnn_rnn", "_thnn_fused_lstm_cell"})
 _FFT = frozenset({"_fft_r2c", "_fft_c2r", "_fft_c2c"})
+#: Fused attention kernels whose ``(query, key, value)`` are ``(batch..., heads, length,
+#: size)``: the first three tensor arguments of a forward, the three after the output's
+#: gradient of a backward.
+_FUSED_ATTENTION = frozenset(
+    {
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_fused_attention_overrideable",
+    }
+)
+#: Of those, the kernels ``flop_counter`` has no formula for (none as of torch 2.13;
+#: where a later release adds one, its own is used, and counts as :func:`attention_flops`).
+_UNCOUNTED_ATTENTION = frozenset(
+    {
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_fused_attention_overrideable",
+        "_scaled_dot_product_fused_attention_overrideable_backward",
+    }
+)
 #: Allocations that leave their storage unwritten: the call returns memory it never
 #: touches, and the operator that first writes it pays for the bytes.
 _UNWRITTEN = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
@@ -68,6 +100,8 @@ class OpWork:
         fresh_bytes: Bytes of the new storages it returns (0 for a view or an alias).
         mutates: Whether it writes to one of its arguments.
         random: Whether it draws random numbers (dropout's mask).
+        scores: A fused attention call's query-key pairs over all its heads
+            (:func:`attention_scores`); 0 for any other call.
     """
 
     operator: str
@@ -77,6 +111,7 @@ class OpWork:
     fresh_bytes: int
     mutates: bool
     random: bool
+    scores: int = 0
 
     @property
     def moves(self) -> bool:
@@ -138,6 +173,7 @@ def op_work(
             arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments
         ),
         random=torch.Tag.nondeterministic_seeded in func.tags,
+        scores=attention_scores(func, args) if kind == ATTENTION else 0,
     )
 
 
@@ -159,7 +195,7 @@ def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -
         return grouped_mm_flops(func, args, kwargs)
     counter = _flop_registry().get(func._overloadpacket)
     if counter is None:
-        return 0
+        return attention_flops(func, args) if short in _UNCOUNTED_ATTENTION else 0
     try:
         return int(counter(*args, **kwargs, out_val=out))
     except Exception:  # a formula that does not know this overload's arguments
@@ -244,3 +280,50 @@ def grouped_mm_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     second = _argument(func, args, kwargs, "mat2")
     batched = first.shape[0] if first.dim() == 3 and second.dim() == 3 else 1
     return int(2 * batched * first.shape[-2] * first.shape[-1] * second.shape[-1])
+
+
+def _attention_operands(func: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...] | None:
+    """A fused attention call's query, key and value, or ``None`` for another call."""
+    short = func._overloadpacket.__name__
+    backward = short.endswith("_backward")
+    if short.removesuffix("_backward") not in _FUSED_ATTENTION:
+        return None
+    operands = tuple(args[1:4] if backward else args[:3])
+    if len(operands) < 3 or not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in operands):
+        return None
+    return operands
+
+
+def attention_scores(func: Any, args: tuple[Any, ...]) -> int:
+    """A fused attention call's scores: query positions x key positions x heads x batch.
+
+    Each is a query-key pair the kernel exponentiates and sums (module docstring). A
+    backward passes over each twice (it recomputes the probabilities and forms their
+    gradient), so it counts each twice. Grouped-query attention counts the query's
+    heads: each query head meets every key of its group's head. 0 for any other call.
+    """
+    operands = _attention_operands(func, args)
+    if operands is None:
+        return 0
+    query, key, _ = operands
+    pairs = math.prod(query.shape[:-1]) * key.shape[-2]
+    return int(2 * pairs if func._overloadpacket.__name__.endswith("_backward") else pairs)
+
+
+def attention_flops(func: Any, args: tuple[Any, ...]) -> int:
+    """A fused attention call's FLOPs, as ``flop_counter`` counts its other kernels'.
+
+    Forward: the scores' product and the probabilities' product with the values,
+    ``2 P (d_qk + d_v)`` for ``P`` query-key pairs (:func:`attention_scores`). Backward:
+    the scores again, the gradients of the probabilities and of the values, then those
+    of the queries and keys, ``2 P (3 d_qk + 2 d_v)``. 0 for any other call.
+    """
+    operands = _attention_operands(func, args)
+    if operands is None:
+        return 0
+    query, key, value = operands
+    pairs = math.prod(query.shape[:-1]) * key.shape[-2]
+    width, value_width = query.shape[-1], value.shape[-1]
+    if func._overloadpacket.__name__.endswith("_backward"):
+        return int(2 * pairs * (3 * width + 2 * value_width))
+    return int(2 * pairs * (width + value_width))

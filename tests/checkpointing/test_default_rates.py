@@ -75,8 +75,8 @@ def test_a_cache_without_a_format_still_loads() -> None:
     path = _cache(_UNVERSIONED)
     rates = default_rates(accel.get_backend("cpu"))
     # Copy rates, the saved grain's replay and pack, a checkpoint's and a saved-grain
-    # call's own costs came later: a file without them reads their defaults (the last
-    # two as 0: priced as before).
+    # call's own costs and attention's cost per score came later: a file without them
+    # reads their defaults (the last four as 0: priced as before).
     defaults = {
         "to_host_bytes": 25e9,
         "to_device_bytes": 25e9,
@@ -85,6 +85,7 @@ def test_a_cache_without_a_format_still_loads() -> None:
         "region_seconds": 0.0,
         "saved_call_seconds": 0.0,
         "region_tensor_seconds": 0.0,
+        "attention_score_seconds": 0.0,
     }
     assert rates.to_dict() == {**json.loads(_UNVERSIONED), **defaults}
     assert rates.source == "calibrated on Test CPU, 1 threads, torch 2.13.0, 2026-11-28"

@@ -123,11 +123,14 @@ def test_every_table_is_valid_and_built_in() -> None:
         rates = table.rates
         assert rates.device_type == "cpu" and rates.source == "built-in"
         values = {k: v for k, v in dataclasses.asdict(rates).items() if isinstance(v, float)}
-        # A checkpoint's cost per saved tensor came after the Zen 5 host was measured:
-        # that table leaves it at 0, pricing a checkpoint as it was measured there.
-        measured = {k: v for k, v in values.items() if k != "region_tensor_seconds"}
+        # A checkpoint's cost per saved tensor and attention's per score came after the
+        # Zen 5 host was measured: that table leaves them at 0, pricing a checkpoint and
+        # attention as they were measured there.
+        later = ("region_tensor_seconds", "attention_score_seconds")
+        measured = {k: v for k, v in values.items() if k not in later}
         assert all(math.isfinite(v) and v > 0 for v in measured.values()), table.processor
-        assert math.isfinite(rates.region_tensor_seconds) and rates.region_tensor_seconds >= 0
+        assert all(math.isfinite(values[k]) and values[k] >= 0 for k in later)
         assert rates.region_seconds > 0 and rates.saved_call_seconds > 0
         assert all(v > 0 for v in rates.operator_bytes.values())
     assert CPU_TABLES[0].rates.region_tensor_seconds > 0
+    assert CPU_TABLES[0].rates.attention_score_seconds > 0

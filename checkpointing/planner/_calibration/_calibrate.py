@@ -1,6 +1,7 @@
 """``calibrate_rates``: a device's rates for the cost model, measured on the device.
 
-It times a matrix product, a convolution, attention, a pointwise operator, a random
+It times a matrix product, a convolution, attention (at two head sizes: its flop rate
+and its cost per score, :func:`attention_fit`), a pointwise operator, a random
 draw, an operator call's fixed cost, a copy to pinned host memory and back (off the
 host), and the pointwise, normalisation, reduction and
 copy operators of a reference step (:class:`_Reference`), each with :mod:`._stopwatch`,
@@ -168,11 +169,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         convolution = flops / seconds(
             lambda: nn.functional.conv2d(image, weight, padding=1), backend, sizes
         )
-        q = torch.randn(4, 8, sizes.sequence, 64, device=device)
-        attention_flops = 4 * 4 * 8 * sizes.sequence**2 * 64
-        attention = attention_flops / seconds(
-            lambda: nn.functional.scaled_dot_product_attention(q, q, q), backend, sizes
-        )
+        attention, score = _attention_rates(backend, sizes)
         x = torch.randn(sizes.elements, device=device)
         moved = 3 * tensor_bytes(x)
         memory = moved / cold_seconds(lambda: x, lambda x: x + x, moved, backend, sizes)
@@ -206,6 +203,7 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
         source=where,
         matmul_flops=matmul,
         attention_flops=attention,
+        attention_score_seconds=score,
         convolution_flops=convolution,
         memory_bytes=memory,
         random_bytes=random,
@@ -220,6 +218,48 @@ def _measure(backend: Accelerator, sizes: Sizes) -> DeviceRates:
     )
     # Last: the replayed calls' own work is priced at the rates measured above.
     return replace(measured, **saved_machinery(backend, sizes, measured)._asdict())
+
+
+#: The head sizes attention is timed at: the common one, and one where the softmax rules.
+_WIDE_HEAD, _NARROW_HEAD = 64, 8
+
+
+def _attention_rates(backend: Accelerator, sizes: Sizes) -> tuple[float, float]:
+    """Fused attention's flop rate and seconds per score (:func:`attention_fit`).
+
+    Timed on 4 x 8 heads of ``sizes.sequence`` positions, 64 and 8 wide: the same
+    scores, eight times the products.
+    """
+
+    def timed(width: int) -> float:
+        q = torch.randn(4, 8, sizes.sequence, width, device=backend.device())
+        return seconds(lambda: nn.functional.scaled_dot_product_attention(q, q, q), backend, sizes)
+
+    scores = 4 * 8 * sizes.sequence**2
+    wide = timed(_WIDE_HEAD)
+    return attention_fit(scores, _WIDE_HEAD, _NARROW_HEAD, wide, timed(_NARROW_HEAD))
+
+
+def attention_fit(
+    scores: int, wide: int, narrow: int, wide_seconds: float, narrow_seconds: float
+) -> tuple[float, float]:
+    """The flop rate and seconds per score that price two attention timings exactly.
+
+    A forward of ``scores`` query-key pairs with heads ``d`` wide does ``4 scores d``
+    flops, priced ``flops / rate + scores x per_score``: the wide heads' extra flops over
+    the narrow ones' give the rate, and what the narrow heads take beyond their flops
+    the cost per score. Where the narrow heads take no longer per flop than the wide
+    (a device whose attention runs at one flop rate whatever the head size), or the
+    timings do not tell (noise), the rate is the wide heads' and the score costs 0,
+    as attention was priced before the score cost.
+    """
+    wide_flops, narrow_flops = 4 * scores * wide, 4 * scores * narrow
+    plain = (wide_flops / wide_seconds, 0.0)
+    extra = wide_seconds - narrow_seconds
+    if extra <= 0 or narrow_seconds * wide_flops <= wide_seconds * narrow_flops:
+        return plain
+    rate = (wide_flops - narrow_flops) / extra
+    return rate, (narrow_seconds - narrow_flops / rate) / scores
 
 
 def _copy_rates(backend: Accelerator, sizes: Sizes, base: DeviceRates) -> tuple[float, float]:
