@@ -560,3 +560,34 @@ def test_the_per_family_benches_build_each_usable_family_at_its_size(
         torch.set_num_threads(threads)
     assert [case.family for case in cases] == ["lstm", "custom"]
     assert "unusable: skipped (not here)" in capsys.readouterr().err
+
+
+def test_the_operators_alone_bound_lies_under_every_plan_and_tightens_with_the_budget() -> None:
+    import copy
+
+    from _zoo import build
+    from bench_budget_bound import family_bounds, no_margins, operators_alone
+
+    import accel
+    from checkpointing.planner import builtin_rates, cost, profile_step
+    from checkpointing.planner._grains._registry import GRAINS
+
+    case = build("gpt2", "small")
+    profile = cost(profile_step(copy.deepcopy(case.model), case.inputs), builtin_rates("cpu"))
+    bounds = [operators_alone(profile, budget) for budget in (1.0, 0.75, 0.5, 0.25)]
+    assert bounds[0] == 1.0 and bounds == sorted(bounds) and bounds[-1] > 1.0
+    margins = [grain.margin for grain in GRAINS]
+    assert any(margins)
+    with no_margins():
+        assert all(grain.margin == 0.0 for grain in GRAINS)
+    assert [grain.margin for grain in GRAINS] == margins
+    rows = family_bounds(case, accel.get_backend("cpu"), rounds=2)
+    assert rows["time_target"] == 1.15
+    for row in rows["budgets"].values():
+        # No plan is faster than its operators alone, and the search without margins
+        # takes the plan it prices lowest.
+        assert 1.0 < row["operators_alone"] <= row["no_margins"] <= row["planned"] + 1e-12
+    # Timed at 0.5 only: each plan's step over the plain step's.
+    assert set(rows["budgets"]["0.5"]["measured"]) == {"planned", "no_margins"}
+    assert "measured" not in rows["budgets"]["0.25"]
+    assert all(ratio > 0 for ratio in rows["budgets"]["0.5"]["measured"].values())

@@ -611,6 +611,7 @@ def test_bench_budget_runs_a_family_at_a_chosen_size_with_the_cpu_exactness_rule
         within=0.04,
         rows="all",
         out_of_sample=None,
+        fused_attention=False,
     )
     result = bench_budget.run_case("qwen2", accel.get_backend("cpu"), args)
     assert result["size"] == "small" and result["size_note"] is None

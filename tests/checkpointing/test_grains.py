@@ -104,6 +104,7 @@ def test_a_file_of_format_1_loads_saves_as_format_2_and_trains_exactly(tmp_path:
         "region_seconds": 0.0,
         "saved_call_seconds": 0.0,
         "region_tensor_seconds": 0.0,
+        "attention_score_seconds": 0.0,
     }
     assert new["rates"] == {**old["rates"], **later, "pack_bytes": 9.5e8}
     assert new["format"] == "accel.checkpoint-plan/2"
