@@ -53,13 +53,18 @@ def test_the_cpu_kernel_is_recorded_with_its_flops_and_scores() -> None:
     assert [w.operator for w in forward] == [
         "aten._scaled_dot_product_flash_attention_for_cpu.default"
     ]
-    assert [w.operator for w in backward] == [
-        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
-    ]
     pairs = 2 * 4 * 32 * 32
     # Two products forward (scores, then values); five backward (the scores again, the
     # gradients of probabilities and values, then of queries and keys).
     assert (forward[0].flops, forward[0].scores) == (2 * pairs * (8 + 8), pairs)
+    if recorded.fallback:
+        # Profiled on real tensors (every model on torch 2.4): no backward is recorded,
+        # and the forward's is estimated from it (two products for a product).
+        assert backward == []
+        return
+    assert [w.operator for w in backward] == [
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"
+    ]
     assert (backward[0].flops, backward[0].scores) == (2 * pairs * (3 * 8 + 2 * 8), 2 * pairs)
 
 
