@@ -7,19 +7,23 @@
   Off the CPU a variant within :data:`GPU_TOLERANCE` of plain counts as exact;
 * :func:`graph_saved_bytes`: the storages the autograd graph of one forward saves (a
   compiled graph's too), for the variants without checkpoint hooks, and apart from them
-  the copies of parameters it saves.
+  the copies of parameters it saves;
+* :func:`timed_plans`: plans applied each to its own copy of a model, timed in
+  interleaved rounds beside the plain model.
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from _zoo import ZooModel
 from torch import nn
 
 from accel import Accelerator
+from checkpointing import CheckpointPlan
 from checkpointing._measure import graph_saved_bytes as walk_saved_bytes
 
 __all__ = [
@@ -30,6 +34,7 @@ __all__ = [
     "graph_saved_bytes",
     "interleaved",
     "step",
+    "timed_plans",
 ]
 
 #: Off the CPU, a variant whose gradients differ from plain's by at most this fraction of
@@ -131,3 +136,24 @@ def interleaved(
         for label in labels[shift:] + labels[:shift]:
             times[label].append(timed(label))
     return times
+
+
+def timed_plans(
+    case: ZooModel,
+    plans: Mapping[str, CheckpointPlan | None],
+    backend: Accelerator,
+    rounds: int,
+) -> dict[str, list[float]]:
+    """Each plan's step seconds per round, each plan applied to its own copy of the model.
+
+    ``None`` stands for the plain model. Every copy takes one untimed step first (a
+    saved-tensor call checks its first call), then the rounds are interleaved.
+    """
+    models = {}
+    for label, plan in plans.items():
+        model = copy.deepcopy(case.model)
+        if plan is not None:
+            plan.apply(model)
+        step(case, model, backend)
+        models[label] = model
+    return interleaved(lambda label: step(case, models[label], backend), list(models), rounds)

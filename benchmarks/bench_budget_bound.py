@@ -45,9 +45,10 @@ from typing import Any
 
 import torch
 from _budget_checks import TARGET_TIME, TARGET_TRANSFORMER
-from _budget_measure import interleaved, step
+from _budget_measure import timed_plans
+from _per_family import add_family_arguments, built
 from _report import print_table, write_results
-from _zoo import FAMILIES, TRANSFORMERS, ZooModel, build, unusable
+from _zoo import TRANSFORMERS, ZooModel
 
 from accel import Accelerator, get_backend
 from checkpointing import CheckpointPlan, plan_checkpointing
@@ -55,8 +56,7 @@ from checkpointing.planner import StepProfile, builtin_rates, cost, profile_step
 from checkpointing.planner._grains._registry import GRAINS
 
 BUDGETS = (0.5, 0.25)
-#: Left out by default: Mamba's slow path takes seconds a step on a host CPU.
-SLOW = ("mamba",)
+_ESTIMATES = ("planned", "no_margins", "operators_alone")
 
 
 @contextlib.contextmanager
@@ -123,13 +123,7 @@ def _timed(
     case: ZooModel, backend: Accelerator, plans: dict[str, CheckpointPlan], rounds: int
 ) -> dict[str, float]:
     """Each plan's step over the plain step's: the median of ``rounds`` interleaved rounds."""
-    models = {"plain": copy.deepcopy(case.model)}
-    for name, plan in plans.items():
-        models[name] = copy.deepcopy(case.model)
-        plan.apply(models[name])
-    for model in models.values():  # warm-up: a saved-grain call checks its first call
-        step(case, model, backend)
-    times = interleaved(lambda name: step(case, models[name], backend), list(models), rounds)
+    times = timed_plans(case, {"plain": None, **plans}, backend, rounds)
     return {
         name: statistics.median(t / p for t, p in zip(times[name], times["plain"], strict=True))
         for name in plans
@@ -137,25 +131,14 @@ def _timed(
 
 
 def main() -> None:
-    default = ",".join(f for f in FAMILIES if f not in SLOW)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=default, help=f"families (default: {default})")
-    parser.add_argument("--size", default="bench", choices=("small", "bench"))
-    parser.add_argument("--rounds", type=int, default=0, help="time the plans at 0.5 (0: no)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
+    add_family_arguments(parser, rounds=0, what="timed rounds of the plans at 0.5 (0: none)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     backend = get_backend()
     models: dict[str, Any] = {}
-    for family in args.model.split(","):
-        reason = unusable(family)
-        if reason is not None:
-            print(f"{family}: skipped ({reason})")
-            continue
-        case = build(family, args.size).to(backend.device())
-        models[family] = family_bounds(case, backend, args.rounds)
-        print(f"{family}: {models[family]['budgets']['0.5']}", flush=True)
+    for case in built(args, backend):
+        models[case.family] = family_bounds(case, backend, args.rounds)
+        print(f"{case.family}: {models[case.family]['budgets']['0.5']}", flush=True)
     print_table(
         ("model", "target at 0.5", *(f"{b}: planned / no margins / operators" for b in BUDGETS)),
         [
@@ -184,8 +167,6 @@ def main() -> None:
     )
     print(f"wrote {out}")
 
-
-_ESTIMATES = ("planned", "no_margins", "operators_alone")
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,7 @@ from typing import Any
 import _zoo
 import torch
 from _allocator import add_option, settle
-from _budget_measure import interleaved, step
+from _budget_measure import timed_plans
 from _report import print_table, write_results
 from _saved_calls import per_call
 
@@ -85,15 +85,7 @@ def _extra_seconds(
     ``variants`` holds ``"plain": None`` and the plans to apply, each to its own copy of
     the model; the rounds are interleaved, and each extra is taken within a round.
     """
-    backend = accel.get_backend()
-    models = {}
-    for label, variant in variants.items():
-        model = copy.deepcopy(case.model)
-        if variant is not None:
-            variant.apply(model)
-        step(case, model, backend)  # warm-up
-        models[label] = model
-    times = interleaved(lambda label: step(case, models[label], backend), list(models), rounds)
+    times = timed_plans(case, variants, accel.get_backend(), rounds)
     extra = {
         label: statistics.median(a - b for a, b in zip(v, times["plain"], strict=True))
         for label, v in times.items()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten
@@ -71,14 +71,13 @@ _FUSED_ATTENTION = frozenset(
         "_scaled_dot_product_fused_attention_overrideable",
     }
 )
-#: Of those, the kernels ``flop_counter`` has no formula for (none as of torch 2.13;
-#: where a later release adds one, its own is used, and counts as :func:`attention_flops`).
+#: Of those, the kernels ``flop_counter`` has no formula for, forward or backward (none
+#: as of torch 2.13; where a later release adds one, its own is used, and counts as
+#: :func:`attention_flops`).
 _UNCOUNTED_ATTENTION = frozenset(
     {
         "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_flash_attention_for_cpu_backward",
         "_scaled_dot_product_fused_attention_overrideable",
-        "_scaled_dot_product_fused_attention_overrideable_backward",
     }
 )
 #: Allocations that leave their storage unwritten: the call returns memory it never
@@ -195,7 +194,8 @@ def _flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -
         return grouped_mm_flops(func, args, kwargs)
     counter = _flop_registry().get(func._overloadpacket)
     if counter is None:
-        return attention_flops(func, args) if short in _UNCOUNTED_ATTENTION else 0
+        uncounted = short.removesuffix("_backward") in _UNCOUNTED_ATTENTION
+        return attention_flops(func, args) if uncounted else 0
     try:
         return int(counter(*args, **kwargs, out_val=out))
     except Exception:  # a formula that does not know this overload's arguments
@@ -282,8 +282,17 @@ def grouped_mm_flops(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return int(2 * batched * first.shape[-2] * first.shape[-1] * second.shape[-1])
 
 
-def _attention_operands(func: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor, ...] | None:
-    """A fused attention call's query, key and value, or ``None`` for another call."""
+class _Attention(NamedTuple):
+    """A fused attention call's shape: its query-key pairs and head sizes, and its pass."""
+
+    pairs: int  # query positions x key positions x query heads x batch
+    width: int  # the queries' and keys' head size
+    value_width: int
+    backward: bool
+
+
+def _attention(func: Any, args: tuple[Any, ...]) -> _Attention | None:
+    """The shape of a fused attention call (:data:`_FUSED_ATTENTION`), or ``None``."""
     short = func._overloadpacket.__name__
     backward = short.endswith("_backward")
     if short.removesuffix("_backward") not in _FUSED_ATTENTION:
@@ -291,7 +300,9 @@ def _attention_operands(func: Any, args: tuple[Any, ...]) -> tuple[torch.Tensor,
     operands = tuple(args[1:4] if backward else args[:3])
     if len(operands) < 3 or not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in operands):
         return None
-    return operands
+    query, key, value = operands
+    pairs = math.prod(query.shape[:-1]) * key.shape[-2]
+    return _Attention(int(pairs), query.shape[-1], value.shape[-1], backward)
 
 
 def attention_scores(func: Any, args: tuple[Any, ...]) -> int:
@@ -302,12 +313,10 @@ def attention_scores(func: Any, args: tuple[Any, ...]) -> int:
     gradient), so it counts each twice. Grouped-query attention counts the query's
     heads: each query head meets every key of its group's head. 0 for any other call.
     """
-    operands = _attention_operands(func, args)
-    if operands is None:
+    shape = _attention(func, args)
+    if shape is None:
         return 0
-    query, key, _ = operands
-    pairs = math.prod(query.shape[:-1]) * key.shape[-2]
-    return int(2 * pairs if func._overloadpacket.__name__.endswith("_backward") else pairs)
+    return 2 * shape.pairs if shape.backward else shape.pairs
 
 
 def attention_flops(func: Any, args: tuple[Any, ...]) -> int:
@@ -318,12 +327,9 @@ def attention_flops(func: Any, args: tuple[Any, ...]) -> int:
     the scores again, the gradients of the probabilities and of the values, then those
     of the queries and keys, ``2 P (3 d_qk + 2 d_v)``. 0 for any other call.
     """
-    operands = _attention_operands(func, args)
-    if operands is None:
+    shape = _attention(func, args)
+    if shape is None:
         return 0
-    query, key, value = operands
-    pairs = math.prod(query.shape[:-1]) * key.shape[-2]
-    width, value_width = query.shape[-1], value.shape[-1]
-    if func._overloadpacket.__name__.endswith("_backward"):
-        return int(2 * pairs * (3 * width + 2 * value_width))
-    return int(2 * pairs * (width + value_width))
+    if shape.backward:
+        return 2 * shape.pairs * (3 * shape.width + 2 * shape.value_width)
+    return 2 * shape.pairs * (shape.width + shape.value_width)
