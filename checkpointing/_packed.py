@@ -4,7 +4,11 @@ On the host, dropout draws its mask into a float tensor (``bernoulli_``) and sca
 in place by ``1/(1-p)``, so the mask autograd saves holds two values, 0 and that scale.
 :class:`Packed` keeps one boolean per element and the scale, and rebuilds the tensor
 bit for bit: ``flag * scale`` is the scale or +0.0. :meth:`Packed.of` packs only a
-tensor it has checked to be two-valued this way.
+tensor it has checked to be two-valued this way. The check reads the mask twice more and
+writes a float tensor of its size, which costs more than the packing itself on the host
+(a fresh allocation of that size faults its pages in), so a saved-tensor call checks
+its masks on its first call of each input layout, alongside its recipes, and later calls
+of that layout pack the same positions unchecked (``check=False``).
 """
 
 from __future__ import annotations
@@ -28,12 +32,19 @@ class Packed:
         self.geometry = geometry
 
     @staticmethod
-    def of(tensor: torch.Tensor) -> Packed | None:
+    def of(tensor: torch.Tensor, check: bool = True) -> Packed | None:
         """Pack ``tensor`` if every element is 0 or its largest value; else ``None``.
 
         The largest value must be finite and at least 1 (dropout's ``1/(1-p)``): then
         ``x * (x - scale)`` is zero exactly where ``x`` is 0 or the scale, with no
         underflow to a false zero, so one product checks every element.
+
+        Args:
+            tensor: The float tensor to pack, covering its whole storage.
+            check: Check every element. ``False`` trusts that a checked call of the same
+                code at the same position found it two-valued (the largest value is
+                still checked): only :class:`._saved_run.SavedRun` passes it, on calls
+                after a checked one.
         """
         if not tensor.dtype.is_floating_point or tensor.numel() == 0:
             return None
@@ -45,7 +56,7 @@ class Packed:
         scale = tensor.amax()
         if not bool((scale >= 1) & scale.isfinite()):
             return None
-        if bool((tensor - scale).mul_(tensor).any()):
+        if check and bool((tensor - scale).mul_(tensor).any()):
             return None
         flags = tensor.to(torch.bool)  # keeps the strides of a dense tensor
         if flags.stride() != tensor.stride():

@@ -26,6 +26,7 @@ __all__ = [
     "Ref",
     "counted",
     "operator_label",
+    "replay_arguments",
     "replayable",
     "resolve",
     "template_of",
@@ -169,6 +170,29 @@ def replayable(func: Any) -> bool:
         return False
     aliased = [*schema.arguments, *schema.returns]
     return all(argument.alias_info is None for argument in aliased)
+
+
+def replay_arguments(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+    """Arguments that call ``func`` again for the same outputs, or ``None`` if none do.
+
+    A :func:`replayable` call's own. A host batch norm kernel in training
+    (``aten::native_batch_norm``, which writes the running statistics unmarked) runs
+    again with ``None`` for them: it computes the batch's mean and variance as before
+    and updates nothing, and the kernel normalises with the statistics it computed
+    either way, so the output is the same bytes (a planned call's first backward checks
+    it, as it checks every recipe). In evaluation it only reads them: its own
+    arguments.
+    """
+    if replayable(func):
+        return args, kwargs
+    schema = getattr(func, "_schema", None)
+    if schema is None or schema.name != "aten::native_batch_norm" or kwargs:
+        return None
+    if len(args) != 8 or not isinstance(args[5], bool):
+        return None
+    if not args[5]:
+        return args, kwargs
+    return (*args[:3], None, None, *args[5:]), kwargs
 
 
 def operator_label(name: str) -> str:

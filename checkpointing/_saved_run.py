@@ -144,10 +144,14 @@ class SavedRun:
             self._remember(index, tensor)
         elif action == PACK:
             earlier = self.leaves.get(index)
-            packed = Packed.of(tensor) if earlier is None else earlier
+            packed = Packed.of(tensor, check=self.checking) if earlier is None else earlier
             if isinstance(packed, Packed) and packed.geometry == geometry:
                 self._remember(index, packed)
                 return packed
+            if self.checking and earlier is None:
+                # Later calls pack this position unchecked: it must be a mask now.
+                self.problem = f"saved tensor {position} is not a dropout mask of two values"
+                return self._outer_pack(tensor)
             self._remember(index, tensor)
         elif action == DROP:
             dropped = _Dropped(self, index, geometry, tensor if self.checking else None)

@@ -46,6 +46,8 @@ _load_by_path(
 )
 # Rates with the saved-tensor grain's machinery free, for the grain's tests.
 _load_by_path("_grain_rates", Path(__file__).resolve().parent / "checkpointing" / "_grain_rates.py")
+# A planned model's training steps held against the plain model's, bit for bit.
+_load_by_path("_same_steps", Path(__file__).resolve().parent / "checkpointing" / "_same_steps.py")
 # The benchmarks' model zoo, for the planner tests. The sdist ships no benchmarks/, and
 # its smoke tests do not use the zoo.
 _ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "_zoo.py"

@@ -9,8 +9,10 @@
    call's FLOPs by class and bytes, with no rate (``_profile``, ``_work``, into
    ``_records``); tensors laid out as the device's kernels lay them out (``_layouts``),
    attention run through the kernel the device would choose (``_kernels``), a model
-   sharded with FSDP2 as each rank computes it (``_sharded``), and nothing of the fake
-   step left behind (``_leftovers``);
+   sharded with FSDP2 as each rank computes it (``_sharded``), no operator taken for
+   one whose output the data shapes unless it is (``_data_shapes``), nothing of the fake
+   step left behind (``_leftovers``), and each call's inputs checked against one real
+   forward without grad (``_real_calls``);
 3. cost: the recorded step priced at the rates (:func:`cost`, in ``_pricing``; the
    rates in ``_cost``), so that planning at other rates never profiles again;
 4. options: each grain's ways to checkpoint each module call, with the bytes each keeps

@@ -6,7 +6,10 @@ The stages, in the order :func:`plan_checkpointing` runs them:
    calibrated rates (named in the plan's note), else the built-in :class:`DeviceRates`;
 2. profile (:func:`._profile.profile_step`, skipped for a ``profile=`` given): one
    training step on fake tensors records, per module call, what autograd saves and every
-   operator call's FLOPs and bytes (no memory, no kernel, no random draw, no rate);
+   operator call's FLOPs and bytes (no memory, no kernel, no random draw, no rate),
+   then one real forward without grad checks each call's inputs against it
+   (:mod:`._real_calls`: a call a real forward gives other inputs gets no grain that
+   relies on the recording);
 3. cost (:func:`._pricing.cost`): the recorded step priced at the rates;
 4. options (:func:`._grains.candidates`): each grain's ways to checkpoint each module
    call (the whole call, its saved tensors, its cheap operators, its chosen operator
@@ -50,6 +53,7 @@ from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._pricing import cost
 from ._profile import grads_of
 from ._profile import profile_step as record_step
+from ._real_calls import unlike_real_note
 from ._records import RecordedStep, StepProfile
 from ._search import Candidate, search
 from ._signature import inputs_of, structure_of
@@ -73,10 +77,12 @@ def plan_checkpointing(
     """Plan the checkpointing that fits ``memory_budget`` with the fastest step.
 
     Profiles one training step of ``model(*example_inputs)`` on fake tensors (no
-    activation memory, no kernel run, no random number drawn; see
-    :mod:`checkpointing.planner`) and prices every way to checkpoint each module call
-    with a cost model of FLOPs and bytes at ``rates``. Nothing is timed: the same model,
-    input shapes and dtypes, budget and rates give the same plan in every process.
+    activation memory, no random number drawn; see :mod:`checkpointing.planner`),
+    checks its module calls' inputs against one real forward without grad (which saves
+    nothing for backward; none on a lazy device), and prices every way to checkpoint
+    each module call with a cost model of FLOPs and bytes at ``rates``. Nothing is
+    timed: the same model, input shapes and dtypes, budget and rates give the same plan
+    in every process.
     Under an initialised ``torch.distributed`` every rank returns rank 0's plan. The
     model's parameters, gradients, buffers and generator states are left as they were.
     A transformers KV cache (``config.use_cache``) is switched off, with a warning.
@@ -185,7 +191,8 @@ def profile_step(
     """Record one training step of ``model`` for planning: what it computes, moves and keeps.
 
     The step runs on fake tensors, as :func:`plan_checkpointing` runs it (no activation
-    memory, no kernel, no random number drawn). The record holds each operator call's
+    memory, no random number drawn), and one real forward without grad checks its
+    module calls' inputs (none on a lazy device). The record holds each operator call's
     FLOPs and bytes and no rate, so one record serves any number of plans::
 
         profile = profile_step(model, (x,))
@@ -270,6 +277,8 @@ def _plan(
     profile = cost(recorded, rates)
     if profile.fallback:
         notes.insert(0, f"Profiled on real tensors: {profile.fallback}.")
+    if recorded.unlike_real:
+        notes.append(unlike_real_note(recorded.unlike_real))
     plain = profile.plain_bytes
     budget = (
         math.floor(memory_budget * plain) if isinstance(memory_budget, float) else memory_budget

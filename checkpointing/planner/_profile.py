@@ -4,8 +4,10 @@ The step runs on *fake tensors* (``torch._subclasses.FakeTensorMode``): every
 parameter, buffer and input is replaced by a tensor that has a shape, a dtype and a
 device but no memory, and the model is called through ``torch.func.functional_call``
 so the real parameters are never touched. Planning therefore holds none of the
-activations the budget is for, draws no random numbers and runs no kernel on the
-device, on any backend (a lazy device included: nothing is traced or compiled).
+activations the budget is for and draws no random numbers, on any backend. One real
+forward without grad, which autograd saves nothing for, then checks each module call's
+inputs against the fake step's (:mod:`._real_calls`); on a lazy device it is not run,
+so nothing is traced or compiled there.
 
 A dispatch mode and saved-tensor hooks record, per module *call*: the storages autograd
 saves while it runs (each once, parameters and buffers excluded, as
@@ -41,32 +43,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from accel._compat import fake_profile_unavailable
 
 from .._measure import storage_key
-from .._replay import Geometry, Ref, replayable, template_of
+from .._replay import Geometry, Ref, replay_arguments, template_of
 from .._saved_plan import grad_pattern
 from .._selective import is_saved_operator, written_tensors
 from .._steps import SavedPerCall, call_model, require_grad, tensors_of, untouched
+from ._data_shapes import decides_shape
 from ._kernels import device_kernels
 from ._layouts import DeviceLayouts
 from ._leftovers import keeping_saved, leaving_nothing, tracking
+from ._real_calls import real_inputs, unlike_real
 from ._records import ModuleProfile, OpCall, RecordedStep, call_name
-from ._sharded import refuse_real_step, unsharded, unsharded_fake
+from ._sharded import refuse_real_step, runs_collectives, unsharded, unsharded_fake
 from ._signature import inputs_of, structure_of
 from ._work import OpWork, op_work
 
 __all__ = ["call_with_state", "fake_state", "grads_of", "profile_step"]
-
-
-# Operators whose output shape or value the data decides (nonzero, masked_select, item):
-# with them a module's operator calls and saved tensors can differ from step to step
-# (mixture-of-experts routing), so positions and occurrences recorded once do not hold.
-_DATA_DEPENDENT = tuple(
-    tag
-    for tag in (
-        getattr(torch.Tag, "dynamic_output_shape", None),
-        getattr(torch.Tag, "data_dependent_output", None),
-    )
-    if tag is not None
-)
 
 
 class _Recorder(TorchDispatchMode):
@@ -134,7 +125,7 @@ class _Recorder(TorchDispatchMode):
         ]
         kept = is_saved_operator(func)
         name, random = work.operator, work.random
-        data_dependent = any(tag in func.tags for tag in _DATA_DEPENDENT)
+        data_dependent = decides_shape(func, args, kwargs)
         if data_dependent or self.shaped_by_data.intersection(read):
             # The output's shape may follow the data too, unless an input whose shape
             # does not already has that shape (a residual add, an index_add_ target).
@@ -148,8 +139,9 @@ class _Recorder(TorchDispatchMode):
                 if index is not None and (data_dependent or tuple(tensor.shape) not in steady):
                     self.shaped_by_data.add(index)
         template = None
-        if replayable(func) and self.stack:
-            template, complete = template_of((args, kwargs), self.ref)
+        replay = replay_arguments(func, args, kwargs) if self.stack else None
+        if replay is not None:
+            template, complete = template_of(replay, self.ref)
             template = template if complete else None
         for record in self.stack:
             record.data_dependent |= data_dependent
@@ -394,6 +386,9 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         with untouched(model, backend), leaving_nothing(model, fake=False):
             calls, recorder = _run(model, example_inputs, False, backend)
     modules, saved_by = calls.finish()
+    differing: tuple[str, ...] = ()
+    if not fallback and _checkable(model, example_inputs, backend):
+        differing = unlike_real(modules, real_inputs(model, example_inputs, backend))
     host = _host_device(model, example_inputs)
     return RecordedStep(
         modules=modules,
@@ -407,6 +402,7 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         inputs=inputs_of(example_inputs),
         grads=grads_of(model, example_inputs),
         device_type=backend.device_type,
+        unlike_real=differing,
     )
 
 
@@ -425,6 +421,19 @@ def _no_fake_reason(model: nn.Module) -> str:
                 "keeps a workspace for backward that fake tensors give no size"
             )
     return ""
+
+
+def _checkable(model: nn.Module, example_inputs: Any, backend: Any) -> bool:
+    """Whether a real forward may check the fake step's calls (:mod:`._real_calls`).
+
+    Not on a lazy device (it would trace and compile a graph), not for a profile made
+    for another device (the model's tensors on the host, the backend an accelerator's),
+    and not for a model whose forward runs collectives (planned on rank 0 alone).
+    """
+    if backend.is_lazy or runs_collectives(model):
+        return False
+    tensors = (*model.parameters(), *model.buffers(), *tensors_of(example_inputs))
+    return all(tensor.device.type == backend.device_type for tensor in tensors)
 
 
 def _host_device(model: nn.Module, example_inputs: Any) -> bool:

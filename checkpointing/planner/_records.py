@@ -68,6 +68,7 @@ class ModuleProfile:
     calls: int = 1  # how many calls of the module the step makes
     running_stats: bool = False  # it or a module inside updates running statistics
     data_dependent: bool = False  # an operator inside has a data-dependent output shape
+    unlike_real: bool = False  # a real forward calls it (or one inside) on other inputs
     fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
     children: list[str] = field(default_factory=list)  # the calls made inside this one
     child_kinds: tuple[str, ...] = ()  # the module's own children's classes
@@ -132,6 +133,7 @@ class RecordedStep(_PlainBytes):
     inputs: tuple[str, ...] = ()
     grads: tuple[bool, ...] = ()
     device_type: str = ""
+    unlike_real: tuple[str, ...] = ()  # calls whose real inputs differ (:mod:`._real_calls`)
 
 
 @dataclass

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-__all__ = ["refuse_real_step", "unsharded", "unsharded_fake"]
+__all__ = ["refuse_real_step", "runs_collectives", "unsharded", "unsharded_fake"]
 
 # id of each FSDP2-sharded parameter -> its compute dtype, while a profile runs.
 _SHARDED: ContextVar[dict[int, torch.dtype] | None] = ContextVar("_SHARDED", default=None)
@@ -159,3 +159,18 @@ def refuse_real_step(model: nn.Module, reason: str) -> None:
             "before sharding it: plan = plan_checkpointing(model, ...), plan.apply(model), "
             "then fully_shard each block and the root."
         )
+
+
+def runs_collectives(model: nn.Module) -> bool:
+    """Whether a forward of ``model`` may run collectives: FSDP2, DDP or DTensor state.
+
+    Planning runs on rank 0 alone (:func:`._agree.agreed`), where a collective would wait
+    for ranks that never join it: such a model gets no real forward while it is planned.
+    """
+    if _states(model):
+        return True
+    for module in model.modules():
+        if isinstance(module, nn.parallel.DistributedDataParallel):
+            return True
+    dtensor = getattr(getattr(torch.distributed, "tensor", None), "DTensor", None)
+    return dtensor is not None and any(isinstance(p, dtensor) for p in model.parameters())

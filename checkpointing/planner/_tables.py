@@ -147,7 +147,13 @@ _XEON = DeviceRates(
     policy_kept_seconds=5.11e-05,
     hook_seconds=5.43e-06,
     replay_seconds=0.0001,
-    pack_bytes=1.51e09,
+    # Dropout masks packed and rebuilt through the grain's wrapper, as a call after its
+    # layout's checked first one packs them, unchecked (_saved_machinery._pack_bytes:
+    # four 2 MiB masks against the same hooks planning nothing; the median of 7 runs on
+    # the same host, 2.04 to 2.73 GB/s, one thread, 2026-12-06). The table's runs packed
+    # one mask in a loop and checked every element: 1.51 GB/s; the same loop unchecked
+    # gives 3.16, a mask hot in the cache.
+    pack_bytes=2.45e09,
     # A checkpointed call's own machinery, split into a cost per call and one per tensor
     # it saves (_overheads.region_overhead, chains of calls saving 2 and 18 tensors):
     # the median of 7 runs on the same host after the table's runs, 208 to 271 us a call
@@ -247,6 +253,10 @@ _ZEN5 = DeviceRates(
     policy_kept_seconds=2.16e-05,
     hook_seconds=2.15e-06,
     replay_seconds=3.05e-05,
+    # Timed packing one mask in a loop, every element checked, as calibrate_rates did
+    # until 2026-12-06 (it now times masks through the grain's wrapper, unchecked, as a
+    # step packs them: on the Xeon 1.51 GB/s became 2.45); kept until this host is
+    # measured again.
     pack_bytes=3.67e09,
     # Its calls' machinery was timed on calls that save 2 tensors, and its cost per
     # further tensor not apart from it (region_tensor_seconds, added 2026-12-06, after

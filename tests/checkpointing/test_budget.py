@@ -172,11 +172,17 @@ def test_planning_leaves_parameters_gradients_buffers_and_rng_alone() -> None:
     fake_profile_unavailable() is not None,
     reason=f"profiles a real forward here: {fake_profile_unavailable()}",
 )
-def test_planning_runs_nothing_on_the_device() -> None:
+def test_planning_runs_one_forward_without_grad_and_no_step_on_the_device() -> None:
     backend = RecordingBackend()
-    plan_checkpointing(_model(), (_inputs(),), memory_budget=0.5, backend=backend)
-    # Fake tensors: no step is run, synchronized, flushed or seeded on the device.
-    for call in ("synchronize", "mark_step", "fork_rng", "manual_seed", "get_rng_state"):
+    model = _model()
+    modes: list[bool] = []
+    model.register_forward_pre_hook(lambda *_: modes.append(torch.is_grad_enabled()))
+    plan_checkpointing(model, (_inputs(),), memory_budget=0.5, backend=backend)
+    # Fake tensors: no step is run, synchronized, flushed or seeded on the device. One
+    # real forward without grad checks the calls' inputs, its generators forked.
+    assert modes == [True, False], "the fake step, then the real forward without grad"
+    assert backend.count("fork_rng") == 1
+    for call in ("synchronize", "mark_step", "manual_seed", "get_rng_state"):
         assert backend.count(call) == 0, call
 
 

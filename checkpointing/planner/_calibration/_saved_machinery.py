@@ -29,7 +29,7 @@ from torch import nn
 from accel import Accelerator
 
 from ..._packed import Packed
-from ..._saved_plan import DROP, SavedPlan
+from ..._saved_plan import DROP, PACK, SavedPlan
 from ..._saved_wrapper import SavedTensorWrapper
 from .._cost import DeviceRates, tensor_bytes
 from .._pricing import cost
@@ -82,6 +82,43 @@ class _Block(nn.Module):
         return x + hidden * torch.sigmoid(hidden)
 
 
+def _wrapped(model: nn.Sequential, plans: list[SavedPlan], backend: Accelerator) -> list[nn.Module]:
+    """Copies of ``model`` with its module ``"0"`` carried out under each plan."""
+    variants: list[nn.Module] = []
+    for plan in plans:
+        variant = copy.deepcopy(model)
+        variant[0] = SavedTensorWrapper(variant[0], plan, backend=backend)
+        variants.append(variant)
+    return variants
+
+
+def _step_times(
+    variants: list[nn.Module], x: torch.Tensor, backend: Accelerator, sizes: Sizes
+) -> list[float]:
+    """Each variant's best time of a training step on ``x``, after a warm-up step.
+
+    The warm-up runs each wrapper's checked first call; the differences timed are a
+    few hundred microseconds, so the stopwatch takes :data:`_ROUNDS` times its rounds.
+    """
+
+    def run(module: nn.Module) -> None:
+        module(x).sum().backward()
+        x.grad = None
+        module.zero_grad(set_to_none=True)
+
+    for module in variants:
+        run(module)
+    return best_times(
+        [lambda m=m: run(m) for m in variants],  # type: ignore[misc]
+        backend,
+        replace(sizes, rounds=_ROUNDS * sizes.rounds),
+    )
+
+
+#: A plan that drops and packs nothing: the wrapper's hooks alone.
+_HOOKS_ONLY = SavedPlan(module="0", positions={}, geometries={}, recipes={}, inputs={})
+
+
 def saved_machinery(backend: Accelerator, sizes: Sizes, rates: DeviceRates) -> SavedMachinery:
     """Time the saved-tensor grain's machinery on ``backend``'s device.
 
@@ -111,33 +148,59 @@ def saved_machinery(backend: Accelerator, sizes: Sizes, rates: DeviceRates) -> S
         record = profile.modules["0"]
         units = [u for u in (saved_units(profile, "0") or [[]])[-1] if u.action == DROP]
         dropping = saved_plan(profile, "0", units)
-        hooks_only = SavedPlan(module="0", positions={}, geometries={}, recipes={}, inputs={})
-        variants = [model]
-        for plan in (hooks_only, dropping):
-            variant = copy.deepcopy(model)
-            variant[0] = SavedTensorWrapper(variant[0], plan, backend=backend)
-            variants.append(variant)
-
-        def run(module: nn.Module) -> None:
-            module(x).sum().backward()
-            x.grad = None
-            module.zero_grad(set_to_none=True)
-
-        for module in variants:  # warm-up: the wrapper checks its first call
-            run(module)
-        plain, hooked, dropped = best_times(
-            [lambda m=m: run(m) for m in variants],  # type: ignore[misc]
-            backend,
-            replace(sizes, rounds=_ROUNDS * sizes.rounds),  # small differences: more rounds
-        )
-        mask = nn.functional.dropout(torch.ones(sizes.elements, device=device), 0.1)
-        packed = seconds(lambda: Packed.of(mask).unpack(), backend, sizes)  # type: ignore[union-attr]
+        variants = [model, *_wrapped(model, [_HOOKS_ONLY, dropping], backend)]
+        plain, hooked, dropped = _step_times(variants, x, backend, sizes)
     steps = [step for unit in units for step in unit.steps]
     own = sum(step.seconds for step in steps)
     hook = max(hooked - plain, 0.0) / max(len(record.packs), 1)
     replay = max(dropped - hooked - own, 0.0) / max(len(steps), 1)
     call = _call_seconds(backend, sizes, rates, hook, replay)
-    return SavedMachinery(hook, replay, tensor_bytes(mask) / packed, call)
+    return SavedMachinery(hook, replay, _pack_bytes(backend, sizes, rates, hook), call)
+
+
+class _Dropouts(nn.Module):
+    """Layer norms each followed by dropout: one mask of the given shape per layer."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(_LAYERS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for norm in self.norms:
+            x = x + nn.functional.dropout(norm(x), 0.1)
+        return x
+
+
+def _pack_bytes(backend: Accelerator, sizes: Sizes, rates: DeviceRates, hook: float) -> float:
+    """Mask bytes per second the grain packs and rebuilds, through its own wrapper.
+
+    A chain of dropout layers whose masks hold a quarter of ``sizes.elements`` each (2
+    MiB of float32 at the calibration's size, as a transformer's dropout masks are) is
+    planned to pack every mask and timed against the same hooks planning nothing, as a
+    call after its layout's checked first one runs: a mask packed in a step is cold in
+    the cache and its rebuilt float tensor a fresh allocation, which a loop packing one
+    mask again and again does not see (it measured 3.16 GB/s on the Xeon, where the
+    grain packs 2.0 to 2.6). A device whose dropout draws its mask in kernels of its
+    own (no mask to pack: :attr:`StepProfile.host_masks`) times :class:`Packed` alone.
+    """
+    device = backend.device()
+    width = 256
+    rows = max(sizes.elements // 4 // width, 1)
+    with backend.fork_rng():
+        model = nn.Sequential(_Dropouts(width)).to(device)
+        x = torch.randn(rows, width, device=device, requires_grad=True)
+        profile = cost(profile_step(model, (x,), backend), rates)
+        units = [u for u in (saved_units(profile, "0") or [[]])[-1] if u.action == PACK]
+        if not units:
+            mask = nn.functional.dropout(torch.ones(sizes.elements, device=device), 0.1)
+            packed = seconds(lambda: Packed.of(mask, check=False).unpack(), backend, sizes)  # type: ignore[union-attr]
+            return tensor_bytes(mask) / packed
+        packing_plan = saved_plan(profile, "0", units)
+        variants = _wrapped(model, [_HOOKS_ONLY, packing_plan], backend)
+        hooked, packing = _step_times(variants, x, backend, sizes)
+    masks = sum(profile.storage_bytes[index] for unit in units for index in unit.storages)
+    hooks = 2 * len(units) * hook  # priced apart: a pack unit's two hooks
+    return masks / max(packing - hooked - hooks, 1e-9)
 
 
 def _call_seconds(
@@ -170,16 +233,5 @@ def _call_seconds(
             plan = saved_plan(profile, name, units)
             planned[index] = SavedTensorWrapper(planned[index], plan, backend=backend)
 
-        def run(module: nn.Module) -> None:
-            module(x).sum().backward()
-            x.grad = None
-            module.zero_grad(set_to_none=True)
-
-        for module in (blocks, planned):  # warm-up: the wrappers check their first call
-            run(module)
-        plain, timed = best_times(
-            [lambda: run(blocks), lambda: run(planned)],
-            backend,
-            replace(sizes, rounds=_ROUNDS * sizes.rounds),
-        )
+        plain, timed = _step_times([blocks, planned], x, backend, sizes)
     return max(timed - plain - priced, 0.0) / _CALLS

@@ -85,7 +85,7 @@ def options_of(call: Call, selective: bool) -> list[Option]:
     for grain in GRAINS:
         if (
             (grain.fine and whole_only)
-            or (grain.recorded and record.data_dependent)
+            or (grain.recorded and (record.data_dependent or record.unlike_real))
             or (grain.selective and (not selective or record.running_stats))
         ):
             continue
