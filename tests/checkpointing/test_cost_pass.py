@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import accel
+from accel._compat import fake_profile_unavailable
 from checkpointing import RecordedStep, plan_checkpointing, profile_step
 from checkpointing.planner import StepProfile, builtin_rates, cost
 from checkpointing.planner._pricing import backward_seconds, op_seconds
@@ -72,13 +73,15 @@ def test_a_recorded_step_plans_at_two_rates_with_one_step_and_the_same_plans() -
     fresh = [plan_checkpointing(model, inputs, 0.5, rates=rates) for rates in (fast, slow)]
     forwards = _forwards(model)
     profile = profile_step(model, inputs)
-    # The fake step, then one real forward without grad that checks the calls' inputs.
-    assert isinstance(profile, RecordedStep) and forwards == [2]
+    # The fake step, then one real forward without grad that checks the calls' inputs
+    # (where fake tensors are unavailable, torch 2.4, the one real forward is the profile).
+    once = 1 if fake_profile_unavailable() else 2
+    assert isinstance(profile, RecordedStep) and forwards == [once]
     reused = [
         plan_checkpointing(model, inputs, 0.5, rates=rates, profile=profile)
         for rates in (fast, slow)
     ]
-    assert forwards == [2], "planning with profile= ran the model again"
+    assert forwards == [once], "planning with profile= ran the model again"
     for again, made in zip(reused, fresh, strict=True):
         assert str(again) == str(made) and again.to_dict() == made.to_dict()
     assert reused[0].step_seconds < reused[1].step_seconds
