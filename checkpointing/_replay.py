@@ -179,9 +179,9 @@ def replay_arguments(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | Non
     (``aten::native_batch_norm``, which writes the running statistics unmarked) runs
     again with ``None`` for them: it computes the batch's mean and variance as before
     and updates nothing, and the kernel normalises with the statistics it computed
-    either way, so the output is the same bytes (a planned call's first backward checks
-    it, as it checks every recipe). In evaluation it only reads them: its own
-    arguments.
+    either way, so the output is the same bytes (a planned call's checked first call
+    compares it with what autograd saved, as it does every recipe's). In evaluation it
+    only reads them: its own arguments.
     """
     if replayable(func):
         return args, kwargs

@@ -386,9 +386,8 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         with untouched(model, backend), leaving_nothing(model, fake=False):
             calls, recorder = _run(model, example_inputs, False, backend)
     modules, saved_by = calls.finish()
-    differing: tuple[str, ...] = ()
     if not fallback and _checkable(model, example_inputs, backend):
-        differing = unlike_real(modules, real_inputs(model, example_inputs, backend))
+        unlike_real(modules, real_inputs(model, example_inputs, backend))
     host = _host_device(model, example_inputs)
     return RecordedStep(
         modules=modules,
@@ -402,7 +401,6 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         inputs=inputs_of(example_inputs),
         grads=grads_of(model, example_inputs),
         device_type=backend.device_type,
-        unlike_real=differing,
     )
 
 

@@ -90,11 +90,10 @@ def unlike_real(modules: dict[str, ModuleProfile], real: dict[str, Shapes]) -> t
             ]
     marked: set[str] = set()
     for name in differing:
-        while name and name not in marked:
-            marked.add(name)
-            name = parent.get(name, "")
-        if name == "" and "" in modules:
-            marked.add("")
+        current: str | None = name
+        while current is not None and current not in marked:
+            marked.add(current)
+            current = parent.get(current)  # None above the root
     for name in marked:
         modules[name].unlike_real = True
     return tuple(sorted(marked))

@@ -133,7 +133,14 @@ class RecordedStep(_PlainBytes):
     inputs: tuple[str, ...] = ()
     grads: tuple[bool, ...] = ()
     device_type: str = ""
-    unlike_real: tuple[str, ...] = ()  # calls whose real inputs differ (:mod:`._real_calls`)
+
+    @property
+    def unlike_real(self) -> tuple[str, ...]:
+        """The calls a real forward gives other inputs, and their callers, sorted.
+
+        Each record's ``unlike_real`` (:mod:`._real_calls`), gathered.
+        """
+        return tuple(sorted(name for name, record in self.modules.items() if record.unlike_real))
 
 
 @dataclass
