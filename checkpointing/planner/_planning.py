@@ -53,7 +53,7 @@ from ._plan import CheckpointPlan, ConsideredPlan, PlanRow
 from ._pricing import cost
 from ._profile import grads_of
 from ._profile import profile_step as record_step
-from ._real_calls import unlike_real_note
+from ._real_calls import aligned_note, unlike_real_note
 from ._records import RecordedStep, StepProfile
 from ._search import Candidate, search
 from ._signature import inputs_of, structure_of
@@ -277,6 +277,8 @@ def _plan(
     profile = cost(recorded, rates)
     if profile.fallback:
         notes.insert(0, f"Profiled on real tensors: {profile.fallback}.")
+    if recorded.aligned:
+        notes.append(aligned_note(recorded.aligned))
     if recorded.unlike_real:
         notes.append(unlike_real_note(recorded.unlike_real))
     plain = profile.plain_bytes

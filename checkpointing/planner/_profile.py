@@ -5,9 +5,10 @@ parameter, buffer and input is replaced by a tensor that has a shape, a dtype an
 device but no memory, and the model is called through ``torch.func.functional_call``
 so the real parameters are never touched. Planning therefore holds none of the
 activations the budget is for and draws no random numbers, on any backend. One real
-forward without grad, which autograd saves nothing for, then checks each module call's
-inputs against the fake step's (:mod:`._real_calls`); on a lazy device it is not run,
-so nothing is traced or compiled there.
+forward without grad, which autograd saves nothing for, runs first: the fake step makes
+each module call as it did (an argument it passed as ``None`` stays ``None``), and each
+call's inputs are checked against it afterwards (:mod:`._real_calls`); on a lazy device
+it is not run, so nothing is traced or compiled there.
 
 A dispatch mode and saved-tensor hooks record, per module *call*: the storages autograd
 saves while it runs (each once, parameters and buffers excluded, as
@@ -51,7 +52,7 @@ from ._data_shapes import decides_shape
 from ._kernels import device_kernels
 from ._layouts import DeviceLayouts
 from ._leftovers import keeping_saved, leaving_nothing, tracking
-from ._real_calls import real_inputs, unlike_real
+from ._real_calls import RealCalls, real_calls, unlike_real
 from ._records import ModuleProfile, OpCall, RecordedStep, call_name
 from ._sharded import refuse_real_step, runs_collectives, unsharded, unsharded_fake
 from ._signature import inputs_of, structure_of
@@ -174,7 +175,10 @@ _UNSET = object()
 class _Calls:
     """Module hooks that open one record per module call and track the call tree."""
 
-    def __init__(self, model: nn.Module, recorder: _Recorder) -> None:
+    def __init__(
+        self, model: nn.Module, recorder: _Recorder, real: RealCalls | None = None
+    ) -> None:
+        self.real = real
         self.names = {id(module): name for name, module in model.named_modules()}
         self.recorder = recorder
         self.records: list[ModuleProfile] = []
@@ -184,9 +188,14 @@ class _Calls:
         self.saved = SavedPerCall(self.pack)  # the real forward's saved-tensor hooks
         self.attributes: list[dict[str, Any]] = []  # each running call's module's, before
 
-    def before(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+    def before(
+        self, module: nn.Module, args: Any, kwargs: Any
+    ) -> tuple[Any, dict[str, Any]] | None:
         recorder = self.recorder
         name = self.names[id(module)]
+        aligned: tuple[str, ...] = ()
+        if self.real is not None:
+            args, kwargs, aligned = self.real.align(name, self.counts[name], args, kwargs)
         record = ModuleProfile(
             name,
             kind=type(module).__qualname__,
@@ -194,6 +203,7 @@ class _Calls:
             call=self.counts[name],
             fused_rnn=isinstance(module, nn.RNNBase),
             child_kinds=tuple(type(child).__qualname__ for child in module.children()),
+            aligned=aligned,
         )
         self.counts[name] += 1
         self.records.append(record)
@@ -214,6 +224,7 @@ class _Calls:
         recorder.stack.append(record)
         self.attributes.append(dict(module.__dict__))
         self.saved.enter()
+        return (args, kwargs) if aligned else None
 
     def after(self, module: nn.Module, args: Any, output: Any) -> None:
         record = self.recorder.stack.pop()
@@ -283,12 +294,17 @@ def fake_state(model: nn.Module, mode: Any) -> dict[str, torch.Tensor]:
 
 
 def _run(
-    model: nn.Module, example_inputs: Any, fake: bool, backend: Any
+    model: nn.Module,
+    example_inputs: Any,
+    fake: bool,
+    backend: Any,
+    real: RealCalls | None = None,
 ) -> tuple[_Calls, _Recorder]:
     """One step under the recorder: fake (forward and backward) or real (forward only).
 
     The fake step runs attention through the kernel the backend's device would choose
-    (:mod:`._kernels`); the real one runs on the device, which chooses for itself.
+    (:mod:`._kernels`), and calls each module as ``real`` (a real forward's calls, where
+    one ran) did; the real one runs on the device, which chooses for itself.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -314,7 +330,7 @@ def _run(
         for name, tensor in named:
             names.setdefault(storage_key(tensor), name)
     recorder = _Recorder(names)
-    calls = _Calls(model, recorder)
+    calls = _Calls(model, recorder, real)
     with ExitStack() as stack:
         for module in model.modules():
             stack.callback(module.register_forward_pre_hook(calls.before, with_kwargs=True).remove)
@@ -365,11 +381,14 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         The recorded step, to price with :func:`._pricing.cost`.
     """
     fallback = fake_profile_unavailable() or _no_fake_reason(model)
+    real = None
+    if not fallback and _checkable(model, example_inputs, backend):
+        real = real_calls(model, example_inputs, backend)
     if not fallback:
         # Outside the handler: a failed step's frames are gone before its leftovers are.
         with leaving_nothing(model), unsharded(model):
             try:
-                calls, recorder = _run(model, example_inputs, True, backend)
+                calls, recorder = _run(model, example_inputs, True, backend, real)
             except ValueError:
                 raise
             except Exception as error:
@@ -386,8 +405,8 @@ def profile_step(model: nn.Module, example_inputs: Any, backend: Any) -> Recorde
         with untouched(model, backend), leaving_nothing(model, fake=False):
             calls, recorder = _run(model, example_inputs, False, backend)
     modules, saved_by = calls.finish()
-    if not fallback and _checkable(model, example_inputs, backend):
-        unlike_real(modules, real_inputs(model, example_inputs, backend))
+    if not fallback and real is not None:
+        unlike_real(modules, real.shapes())
     host = _host_device(model, example_inputs)
     return RecordedStep(
         modules=modules,

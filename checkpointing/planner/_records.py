@@ -69,6 +69,7 @@ class ModuleProfile:
     running_stats: bool = False  # it or a module inside updates running statistics
     data_dependent: bool = False  # an operator inside has a data-dependent output shape
     unlike_real: bool = False  # a real forward calls it (or one inside) on other inputs
+    aligned: tuple[str, ...] = ()  # arguments passed as None, as the real forward does
     fused_rnn: bool = False  # an nn.RNNBase (LSTM, GRU, RNN): one fused kernel per layer
     children: list[str] = field(default_factory=list)  # the calls made inside this one
     child_kinds: tuple[str, ...] = ()  # the module's own children's classes
@@ -141,6 +142,11 @@ class RecordedStep(_PlainBytes):
         Each record's ``unlike_real`` (:mod:`._real_calls`), gathered.
         """
         return tuple(sorted(name for name, record in self.modules.items() if record.unlike_real))
+
+    @property
+    def aligned(self) -> dict[str, tuple[str, ...]]:
+        """The calls profiled with the real forward's ``None`` arguments, and which."""
+        return {name: record.aligned for name, record in self.modules.items() if record.aligned}
 
 
 @dataclass

@@ -149,11 +149,12 @@ _XEON = DeviceRates(
     replay_seconds=0.0001,
     # Dropout masks packed and rebuilt through the grain's wrapper, as a call after its
     # layout's checked first one packs them, unchecked (_saved_machinery._pack_bytes:
-    # four 2 MiB masks against the same hooks planning nothing; the median of 7 runs on
-    # the same host, 2.04 to 2.73 GB/s, one thread, 2026-12-06). The table's runs packed
-    # one mask in a loop and checked every element: 1.51 GB/s; the same loop unchecked
-    # gives 3.16, a mask hot in the cache.
-    pack_bytes=2.45e09,
+    # four 2 MiB masks against the same hooks planning nothing), rebuilt from the flags
+    # read as bytes: the median of 14 runs on the same host, 2.09 to 2.72 GB/s, one
+    # thread, 2026-12-06 (evening). Rebuilt from booleans, the same session measured
+    # 1.88 to 2.17 (an afternoon's 7 runs gave 2.04 to 2.73); one mask packed in a loop
+    # and checked every element, as the table's runs did, 1.51.
+    pack_bytes=2.39e09,
     # A checkpointed call's own machinery, split into a cost per call and one per tensor
     # it saves (_overheads.region_overhead, chains of calls saving 2 and 18 tensors):
     # the median of 7 runs on the same host after the table's runs, 208 to 271 us a call

@@ -27,7 +27,7 @@ from checkpointing._decisions import SAVED
 from checkpointing.planner import _real_calls, profile_step
 from checkpointing.planner._data_shapes import decides_shape
 from checkpointing.planner._profile import profile_step as record_step
-from checkpointing.planner._real_calls import unlike_real
+from checkpointing.planner._real_calls import RealCall, RealCalls, unlike_real
 from checkpointing.planner._records import ModuleProfile, RecordedStep
 
 WIDTH, SEQ, BATCH = 16, 8, 2
@@ -53,7 +53,8 @@ class _Masked(nn.Module):
     ``mode``: ``"integer"`` indexes the mask with integer tensors, as transformers
     does; ``"boolean"`` selects rows with it (the data decides the shape);
     ``"branching"`` also skips the bias where nothing is padded, unless the mask is
-    fake (transformers' ``is_tracing``).
+    fake (transformers' ``is_tracing``); ``"reshaped"`` gives a bias of another shape
+    there instead of none.
     """
 
     def __init__(self, mode: str) -> None:
@@ -68,6 +69,8 @@ class _Masked(nn.Module):
             bias = x[padding].sum(0)
         elif self.mode == "branching" and not isinstance(padding, FakeTensor) and padding.all():
             bias = None
+        elif self.mode == "reshaped" and not isinstance(padding, FakeTensor) and padding.all():
+            bias = torch.zeros(1, 1, 1, dtype=x.dtype)
         else:
             batch = torch.arange(BATCH)[:, None]
             position = torch.arange(SEQ)[None, :]
@@ -128,24 +131,58 @@ def test_a_boolean_mask_still_marks_the_layers_it_reaches() -> None:
     assert all(recorded.modules[f"layers.{i}"].data_dependent for i in range(3))
 
 
-def test_calls_a_real_forward_makes_otherwise_are_planned_whole_and_named() -> None:
+def test_a_mask_only_fake_tensors_get_is_left_out_as_the_real_forward_leaves_it() -> None:
     reference, x, padding = _case("branching")
     generator = torch.random.get_rng_state()
     recorded = profile_step(reference, (x, padding))
     assert torch.equal(torch.random.get_rng_state(), generator), "the real forward drew nothing"
     if fake_profile_unavailable() is not None:
         # torch 2.4: the profile is itself one real forward, which takes the real branch.
-        assert recorded.fallback and recorded.unlike_real == ()
+        assert recorded.fallback and recorded.unlike_real == () and recorded.aligned == {}
         assert SAVED in _planned_exactly(reference, (x, padding), recorded).decisions.values()
         return
+    assert recorded.unlike_real == ()
+    assert recorded.aligned == {f"layers.{i}": ("argument 1",) for i in range(3)}
+    # Profiled without the bias, each layer saves what it saves in training.
+    assert recorded.modules["layers.0"].input_shapes == ((BATCH, SEQ, WIDTH),)
+    plan = _planned_exactly(reference, (x, padding), recorded)
+    assert SAVED in plan.decisions.values()
+    assert "where a real forward passes None (argument 1" in plan.note
+    assert "'layers.0'" in plan.note
+
+
+def test_calls_a_real_forward_gives_other_shapes_are_planned_whole_and_named() -> None:
+    reference, x, padding = _case("reshaped")
+    recorded = profile_step(reference, (x, padding))
+    if fake_profile_unavailable() is not None:
+        assert recorded.fallback and recorded.unlike_real == ()
+        return
     assert {"layers.0", "layers.1", "layers.2"} <= set(recorded.unlike_real)
-    assert "head" not in recorded.unlike_real
+    assert "head" not in recorded.unlike_real and recorded.aligned == {}
     plan = _planned_exactly(reference, (x, padding), recorded)
     assert all(
         decision != SAVED for name, decision in plan.decisions.items() if "layers" in name
     ), plan.decisions
     assert "get other tensor inputs in a real forward" in plan.note
     assert "'layers.0'" in plan.note
+
+
+def test_only_a_tensor_the_real_call_passes_as_none_is_replaced() -> None:
+    mask = torch.ones(2)
+    calls = RealCalls()
+    calls.calls["layer", 0] = RealCall(
+        ((2,),), 2, frozenset({"mask", "scale"}), frozenset({1, "mask", "scale"})
+    )
+    args, kwargs, replaced = calls.align("layer", 0, (mask, mask), {"mask": mask, "scale": 2.0})
+    assert args == (mask, None) and kwargs == {"mask": None, "scale": 2.0}
+    assert replaced == ("argument 1", "mask")
+    # Another count of arguments, other keywords or another call: left as they are.
+    for call, arguments, keywords in (
+        (0, (mask,), {"mask": mask, "scale": 2.0}),
+        (0, (mask, mask), {"mask": mask}),
+        (1, (mask, mask), {"mask": mask, "scale": 2.0}),
+    ):
+        assert calls.align("layer", call, arguments, keywords) == (arguments, keywords, ())
 
 
 def test_padded_inputs_take_the_same_branch_and_keep_the_saved_grain() -> None:

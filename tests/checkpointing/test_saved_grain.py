@@ -196,7 +196,7 @@ def test_a_deep_copy_of_a_planned_model_trains_exactly_without_a_warning() -> No
     _assert_same_step(model, copy.deepcopy(reference), x)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_dropout_masks_are_packed_and_rebuilt_exactly(dtype: torch.dtype) -> None:
     mask = torch.empty(64, 33, dtype=dtype).bernoulli_(0.7).div_(0.7)
     packed = Packed.of(mask)
