@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import accel
+from accel._compat import fake_profile_unavailable
 from checkpointing import (
     CheckpointPlan,
     Decision,
@@ -207,6 +208,25 @@ def _decision(profile: Any, name: str, option: Any) -> Decision:
     grain = grain_named(option.decision)
     assert grain is not None
     return Decision(option.decision, grain.payload(profile, name, option))
+
+
+DECODERS = [pytest.param(family, marks=_needs(family)) for family in ("gpt2", "llama", "whisper")]
+
+
+@pytest.mark.skipif(
+    fake_profile_unavailable() is not None,
+    reason=f"profiles a real forward here, on the real branch: {fake_profile_unavailable()}",
+)
+@pytest.mark.parametrize("family", DECODERS)
+def test_decoder_layers_are_profiled_as_training_calls_them(family: str) -> None:
+    # transformers gives its decoder layers a causal mask on fake tensors only; the fake
+    # step passes None where the real forward does, so no layer is planned whole for it.
+    case = zoo.build(family, "small")
+    recorded = profile_step(case.model, case.inputs, accel.get_backend("cpu"))
+    assert recorded.unlike_real == ()
+    layers = [name for name in recorded.modules if name.split(".")[-1].isdigit()]
+    decoder = [name for name in layers if "encoder" not in name]
+    assert decoder and set(recorded.aligned) <= set(decoder), recorded.aligned
 
 
 @needs_transformers
