@@ -76,12 +76,12 @@ class RealCalls:
     """The real forward's module calls, by module name and call (0 for the first)."""
 
     calls: dict[tuple[str, int], RealCall] = field(default_factory=dict)
-    counts: Counter[str] = field(default_factory=Counter)
 
     def shapes(self) -> dict[str, Shapes]:
         """Each call's tensor input shapes, by the profile's call name (``"name@k"``)."""
+        counts = Counter(name for name, _ in self.calls)
         return {
-            call_name(name, call, self.counts[name]): real.shapes
+            call_name(name, call, counts[name]): real.shapes
             for (name, call), real in self.calls.items()
         }
 
@@ -97,20 +97,17 @@ class RealCalls:
         real = self.calls.get((name, call))
         if real is None or real.positional != len(args) or real.keywords != set(kwargs):
             return args, kwargs, ()
-        replaced: list[str] = []
-        new_args = list(args)
-        for position, value in enumerate(args):
-            if position in real.left_none and isinstance(value, torch.Tensor):
-                new_args[position] = None
-                replaced.append(f"argument {position}")
-        new_kwargs = dict(kwargs)
-        for keyword, value in kwargs.items():
-            if keyword in real.left_none and isinstance(value, torch.Tensor):
-                new_kwargs[keyword] = None
-                replaced.append(keyword)
-        if not replaced:
+        given: list[tuple[int | str, Any]] = [*enumerate(args), *kwargs.items()]
+        left = [
+            key for key, value in given if key in real.left_none and isinstance(value, torch.Tensor)
+        ]
+        if not left:
             return args, kwargs, ()
-        return tuple(new_args), new_kwargs, tuple(replaced)
+        return (
+            tuple(None if i in left else value for i, value in enumerate(args)),
+            {key: None if key in left else value for key, value in kwargs.items()},
+            tuple(key if isinstance(key, str) else f"argument {key}" for key in left),
+        )
 
 
 def real_calls(model: nn.Module, example_inputs: Any, backend: Accelerator) -> RealCalls:
@@ -120,6 +117,7 @@ def real_calls(model: nn.Module, example_inputs: Any, backend: Accelerator) -> R
     """
     names = {id(module): name for name, module in model.named_modules()}
     seen = RealCalls()
+    counts: Counter[str] = Counter()
 
     def before(module: nn.Module, args: Any, kwargs: Any) -> None:
         name = names.get(id(module))
@@ -129,8 +127,8 @@ def real_calls(model: nn.Module, example_inputs: Any, backend: Accelerator) -> R
         left_none.update(key for key, value in kwargs.items() if value is None)
         shapes = tuple(tuple(tensor.shape) for tensor in tensors_of((args, kwargs)))
         real = RealCall(shapes, len(args), frozenset(kwargs), frozenset(left_none))
-        seen.calls[name, seen.counts[name]] = real
-        seen.counts[name] += 1
+        seen.calls[name, counts[name]] = real
+        counts[name] += 1
 
     with ExitStack() as stack:
         for module in model.modules():

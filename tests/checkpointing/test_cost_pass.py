@@ -73,8 +73,8 @@ def test_a_recorded_step_plans_at_two_rates_with_one_step_and_the_same_plans() -
     fresh = [plan_checkpointing(model, inputs, 0.5, rates=rates) for rates in (fast, slow)]
     forwards = _forwards(model)
     profile = profile_step(model, inputs)
-    # The fake step, then one real forward without grad that checks the calls' inputs
-    # (where fake tensors are unavailable, torch 2.4, the one real forward is the profile).
+    # One real forward without grad that records the calls, then the fake step (where
+    # fake tensors are unavailable, torch 2.4, the one real forward is the profile).
     once = 1 if fake_profile_unavailable() else 2
     assert isinstance(profile, RecordedStep) and forwards == [once]
     reused = [
