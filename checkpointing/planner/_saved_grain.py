@@ -18,17 +18,20 @@ hooks around the module's forward, with no dispatch mode:
   keeps it whole otherwise.
 
 :func:`saved_units` builds the units from the profile, orders them greedily by
-recompute seconds per byte saved (O(U log U) for U units, with O(U) checks each that
-no chosen recipe reads a dropped tensor) and returns every prefix; each becomes one
-option of the planner. :func:`saved_plan` turns the chosen prefix into a
+recompute seconds per byte saved (O(U log U) for U units) and returns every prefix;
+each becomes one option of the planner. A unit may drop a tensor that the recipe of a
+unit chosen before it reads: that recipe is built again to recompute it on the way
+(O(U) recipes rebuilt at most per unit). :func:`prefix_seconds` prices a prefix as
+its recipes run in backward (:func:`recipe_runs`), so a call two recipes share is
+paid once where its result is cached between them. :func:`saved_plan` turns the chosen prefix into a
 :class:`SavedPlan`, which :class:`._saved_wrapper.SavedTensorWrapper` carries out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from torch.utils._pytree import tree_leaves
 
@@ -38,6 +41,8 @@ from ._records import ModuleProfile, OpCall, StepProfile
 
 __all__ = [
     "SavedUnit",
+    "prefix_seconds",
+    "recipe_runs",
     "saved_plan",
     "saved_summary",
     "saved_units",
@@ -187,24 +192,89 @@ def saved_units(profile: StepProfile, name: str) -> list[list[SavedUnit]]:
     units = module.drop_units() + module.pack_units()
     units.sort(key=lambda unit: unit.seconds / max(unit.saved_bytes, 1))
     chosen: list[SavedUnit] = []
-    dropped: set[int] = set()
-    pinned: set[int] = set()
+    dropped: frozenset[int] = frozenset()
     prefixes = []
     for first in units:
         unit: SavedUnit | None = first
         if first.action == DROP and first.leaves & dropped:
             # Its recipe now goes through tensors dropped before it: recompute those too.
-            unit = module.drop_unit(min(first.storages), frozenset(dropped))
+            unit = module.drop_unit(min(first.storages), dropped)
         if unit is None or unit.saved_bytes <= 0:
             continue
-        if unit.action == DROP and unit.storages & pinned:
-            continue
-        chosen.append(unit)
         if unit.action == DROP:
-            dropped |= unit.storages
-            pinned |= unit.leaves
+            rederived = _through(module, chosen, dropped | unit.storages)
+            if rederived is None:
+                continue
+            chosen, dropped = rederived, dropped | unit.storages
+        chosen.append(unit)
         prefixes.append(list(chosen))
     return prefixes
+
+
+def _through(
+    module: _Module, chosen: list[SavedUnit], dropped: frozenset[int]
+) -> list[SavedUnit] | None:
+    """``chosen`` with each recipe that reads a storage now in ``dropped`` recomputing it.
+
+    A unit chosen earlier may read, as a kept leaf, a tensor a later unit drops (a SiLU's
+    input, the output of a matrix product, once the SiLU's output is dropped); its recipe
+    then runs the later unit's calls first. ``None`` where a recipe cannot.
+    """
+    units = []
+    for unit in chosen:
+        if unit.action == DROP and unit.leaves & dropped:
+            again = module.drop_unit(min(unit.storages), dropped)
+            if again is None or again.storages != unit.storages:
+                return None
+            unit = again
+        units.append(unit)
+    return units
+
+
+class _Step(Protocol):
+    @property
+    def outputs(self) -> tuple[int | None, ...]: ...
+
+
+_S = TypeVar("_S", bound=_Step)
+
+
+def recipe_runs(
+    recipes: Mapping[int, Sequence[_S]], saved_at: Mapping[int, int]
+) -> list[tuple[_S, int]]:
+    """Each call the recipes of dropped storages run in one backward, and how many times.
+
+    ``recipes`` maps each dropped storage to its calls, ``saved_at`` to the last
+    position that saves it: backward unpacks it there first, later positions first.
+    This is what :class:`.._saved_run.SavedRun` does. A storage's recipe runs in full at
+    its first unpack unless an earlier recipe computed that storage on the way (it then
+    waits in the run's cache). So a call shared by two recipes runs once where the
+    storage it writes is dropped and unpacked after the first of them, and once per
+    recipe where it writes an intermediate nothing saves.
+    """
+    cached: set[int] = set()
+    runs: dict[int, tuple[_S, int]] = {}
+    for index in sorted(recipes, key=lambda i: (-saved_at.get(i, -1), i)):
+        if index in cached:
+            continue
+        for step in recipes[index]:
+            runs[id(step)] = (step, runs.get(id(step), (step, 0))[1] + 1)
+            cached.update(o for o in step.outputs if o is not None and o in recipes)
+    return list(runs.values())
+
+
+def prefix_seconds(
+    units: list[SavedUnit], packs: Sequence[tuple[int | None, Any]], replay_seconds: float
+) -> float:
+    """What a prefix's recipes (:func:`recipe_runs`) and packs cost in one backward.
+
+    ``packs`` is the module's saved tensors in the order its forward saves them.
+    """
+    recipes = {i: unit.steps for unit in units if unit.action == DROP for i in unit.storages}
+    saved_at = {index: p for p, (index, _) in enumerate(packs) if index in recipes}
+    seconds = sum(unit.seconds for unit in units if unit.action != DROP)
+    runs = recipe_runs(recipes, saved_at)
+    return seconds + sum(n * (call.seconds + replay_seconds) for call, n in runs)
 
 
 def saved_summary(units: list[SavedUnit]) -> str:

@@ -20,7 +20,7 @@ from ..._saved_plan import DROP, PACK, SavedPlan
 from ..._saved_wrapper import SavedTensorWrapper
 from .._options import Call, Option, storage_bytes
 from .._records import StepProfile
-from .._saved_grain import saved_plan, saved_summary, saved_units
+from .._saved_grain import prefix_seconds, saved_plan, saved_summary, saved_units
 from .._store import decode_saved_plan, encode_saved_plan
 from ._base import Grain
 
@@ -60,7 +60,7 @@ class SavedTensors(Grain[SavedPlan]):
             # included (a block's output, saved again by the next block, is freed only
             # if both drop it).
             kept = frozenset(saves - dropped - packed) | read
-            seconds = hooks + sum(unit.seconds for unit in prefix)
+            seconds = hooks + prefix_seconds(prefix, record.packs, profile.rates.replay_seconds)
             base = call.option(SAVED, seconds, kept, kind=saved_summary(prefix))
             found.append(
                 replace(
