@@ -21,10 +21,11 @@ hooks around the module's forward, with no dispatch mode:
 recompute seconds per byte saved (O(U log U) for U units) and returns every prefix;
 each becomes one option of the planner. A unit may drop a tensor that the recipe of a
 unit chosen before it reads: that recipe is built again to recompute it on the way
-(O(U) recipes rebuilt at most per unit). :func:`prefix_seconds` prices a prefix as
+(at most O(U) recipes rebuilt per unit). :func:`prefix_seconds` prices a prefix as
 its recipes run in backward (:func:`recipe_runs`), so a call two recipes share is
-paid once where its result is cached between them. :func:`saved_plan` turns the chosen prefix into a
-:class:`SavedPlan`, which :class:`._saved_wrapper.SavedTensorWrapper` carries out.
+paid once where its result is cached between them. :func:`saved_plan` turns the
+chosen prefix into a :class:`SavedPlan`, which
+:class:`._saved_wrapper.SavedTensorWrapper` carries out.
 """
 
 from __future__ import annotations

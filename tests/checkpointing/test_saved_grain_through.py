@@ -39,7 +39,9 @@ class _SwiGLU(nn.Module):
         self.down = nn.Linear(2 * GATED, GATED, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+        gated: torch.Tensor = nn.functional.silu(self.gate(x)) * self.up(x)
+        out: torch.Tensor = x + self.down(gated)
+        return out
 
 
 class _Forked(nn.Module):
