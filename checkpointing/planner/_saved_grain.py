@@ -195,19 +195,16 @@ def saved_units(profile: StepProfile, name: str) -> list[list[SavedUnit]]:
     chosen: list[SavedUnit] = []
     dropped: frozenset[int] = frozenset()
     prefixes = []
-    for first in units:
-        unit: SavedUnit | None = first
-        if first.action == DROP and first.leaves & dropped:
-            # Its recipe now goes through tensors dropped before it: recompute those too.
-            unit = module.drop_unit(min(first.storages), dropped)
-        if unit is None or unit.saved_bytes <= 0:
+    for unit in units:
+        if unit.saved_bytes <= 0:
             continue
         if unit.action == DROP:
-            rederived = _through(module, chosen, dropped | unit.storages)
+            rederived = _through(module, [*chosen, unit], dropped | unit.storages)
             if rederived is None:
                 continue
             chosen, dropped = rederived, dropped | unit.storages
-        chosen.append(unit)
+        else:
+            chosen.append(unit)
         prefixes.append(list(chosen))
     return prefixes
 
@@ -215,11 +212,12 @@ def saved_units(profile: StepProfile, name: str) -> list[list[SavedUnit]]:
 def _through(
     module: _Module, chosen: list[SavedUnit], dropped: frozenset[int]
 ) -> list[SavedUnit] | None:
-    """``chosen`` with each recipe that reads a storage now in ``dropped`` recomputing it.
+    """``chosen`` with each recipe that reads a storage in ``dropped`` recomputing it.
 
-    A unit chosen earlier may read, as a kept leaf, a tensor a later unit drops (a SiLU's
-    input, the output of a matrix product, once the SiLU's output is dropped); its recipe
-    then runs the later unit's calls first. ``None`` where a recipe cannot.
+    A new unit's recipe may read tensors dropped before it, and a unit chosen earlier
+    may read, as a kept leaf, a tensor the new one drops (a SiLU's input, the output of
+    a matrix product, once the SiLU's output is dropped): either recipe then runs the
+    dropping unit's calls first. ``None`` where a recipe cannot.
     """
     units = []
     for unit in chosen:
